@@ -1,0 +1,53 @@
+// GGML tensor types: their block layouts, reference (scalar) quantize/dequantize, and the
+// dot products the matmul kernels are built from. The numerics follow ggml's reference
+// implementation so that logits match llama.cpp: activations are quantized to the weight
+// type's "vec dot type" (Q8_0 for Q4_0/Q8_0, Q8_1 for Q4_1, F16 for F16) before the dot.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace tessera {
+
+enum class GgmlType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, BF16 = 30,
+};
+
+struct GgmlTypeTraits {
+  const char* name;
+  int64_t block_size;   // elements per block
+  size_t type_size;     // bytes per block
+  bool is_known;        // false for ids this build has no layout for
+};
+
+// Traits for any id; unknown ids return {"unknown", 0, 0, false}.
+GgmlTypeTraits ggml_type_traits(GgmlType type);
+const char* ggml_type_name(GgmlType type);
+bool ggml_type_is_known(uint32_t raw_type);
+// Bytes of one row of n elements; n must be a multiple of the block size.
+size_t ggml_row_size(GgmlType type, int64_t n);
+
+// IEEE half <-> float, round-to-nearest-even like ggml's.
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);
+
+// Reference conversions. Supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q8_1 (and dequantize
+// for Q4_K, Q6_K). Return false for a type they do not support. n is a multiple of the block size.
+bool dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
+bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
+
+// The type activations are converted to before a dot product with a weight row of `type`.
+GgmlType vec_dot_type(GgmlType weight_type);
+// True when vec_dot supports this weight type.
+bool has_vec_dot(GgmlType weight_type);
+// dot(weight_row, x) over n elements, where x is already in vec_dot_type(weight_type).
+// Dispatches at run time to the fastest implementation for this CPU (AVX2/FMA or scalar).
+float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const void* x);
+// The scalar reference the SIMD paths are tested against.
+float vec_dot_scalar(GgmlType weight_type, int64_t n, const void* weight_row, const void* x);
+// True when the running CPU has AVX2+FMA+F16C and the SIMD kernels are compiled in.
+bool cpu_has_avx2();
+
+}  // namespace tessera

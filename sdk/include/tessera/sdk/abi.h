@@ -1,0 +1,45 @@
+// ABI version of the plugin SDK and the toolchain fingerprint.
+//
+// Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
+// so both must be built by the same compiler and standard library. The loader refuses a
+// plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
+// toolchain fingerprint differs, naming both values.
+#pragma once
+
+#include <cstdint>
+
+#ifndef TESSERA_SDK_ABI_MAJOR  // overridable only so tests can build a mismatching plugin
+#define TESSERA_SDK_ABI_MAJOR 1
+#endif
+#ifndef TESSERA_SDK_ABI_MINOR
+#define TESSERA_SDK_ABI_MINOR 0
+#endif
+
+#define TESSERA_SDK_STRINGIFY_(x) #x
+#define TESSERA_SDK_STRINGIFY(x) TESSERA_SDK_STRINGIFY_(x)
+
+#if defined(__clang__)
+#define TESSERA_SDK_COMPILER "clang-" TESSERA_SDK_STRINGIFY(__clang_major__)
+#elif defined(__GNUC__)
+#define TESSERA_SDK_COMPILER "gcc-" TESSERA_SDK_STRINGIFY(__GNUC__)
+#else
+#define TESSERA_SDK_COMPILER "unknown-compiler"
+#endif
+
+#if defined(_GLIBCXX_USE_CXX11_ABI)
+#define TESSERA_SDK_STDLIB "libstdc++-cxx11abi" TESSERA_SDK_STRINGIFY(_GLIBCXX_USE_CXX11_ABI)
+#elif defined(_LIBCPP_VERSION)
+#define TESSERA_SDK_STDLIB "libc++-" TESSERA_SDK_STRINGIFY(_LIBCPP_ABI_VERSION)
+#else
+#define TESSERA_SDK_STDLIB "unknown-stdlib"
+#endif
+
+// Compiler family and major version plus standard-library ABI: the facts that decide whether
+// C++ objects can cross the plugin boundary.
+#define TESSERA_SDK_TOOLCHAIN TESSERA_SDK_COMPILER "/" TESSERA_SDK_STDLIB
+
+namespace tessera {
+inline constexpr uint32_t kSdkAbiMajor = TESSERA_SDK_ABI_MAJOR;
+inline constexpr uint32_t kSdkAbiMinor = TESSERA_SDK_ABI_MINOR;
+inline constexpr const char* kSdkToolchain = TESSERA_SDK_TOOLCHAIN;
+}  // namespace tessera

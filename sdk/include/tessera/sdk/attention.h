@@ -1,0 +1,59 @@
+// attention plugins compute causal multi-head attention for a flattened batch of query rows
+// against K/V read through block tables (see kv_cache.h for the pool layout). Grouped-query
+// attention: query head h reads KV head h / (num_heads / num_kv_heads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "tessera/sdk/executor.h"
+#include "tessera/sdk/plugin.h"
+#include "tessera/sdk/types.h"
+
+namespace tessera {
+
+struct AttentionShape {
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  float scale = 1.0f;        // usually 1/sqrt(head_dim)
+  int32_t block_size = 0;    // tokens per KV block
+  KvDtype kv_dtype = KvDtype::kF16;
+};
+
+// One sequence's share of the batch. Its query rows are q[query_start .. query_start +
+// num_queries); they are the last num_queries of its context_len tokens, whose K/V are
+// already in the pool. Query i attends to positions [0, context_len - num_queries + i].
+struct AttentionSequence {
+  int32_t query_start = 0;
+  int32_t num_queries = 0;
+  int32_t context_len = 0;
+  const int32_t* block_table = nullptr;  // ceil(context_len / block_size) entries
+};
+
+struct AttentionBatch {
+  std::span<const AttentionSequence> sequences;
+  const float* q = nullptr;     // [num_rows][num_heads][head_dim]
+  const void* k_pool = nullptr; // this layer's K: [num_blocks][block_size][num_kv_heads][head_dim]
+  const void* v_pool = nullptr; // this layer's V, same layout
+  float* out = nullptr;         // [num_rows][num_heads][head_dim]
+};
+
+class AttentionKernel {
+ public:
+  virtual ~AttentionKernel() = default;
+  // Bytes of scratch memory the kernel needs for a batch with these limits (reported by
+  // benchmarks; allocated by the kernel itself, once, not per call).
+  virtual size_t scratch_bytes(const AttentionShape& shape, int32_t max_rows,
+                               int32_t max_context) const = 0;
+  // Computes batch.out. Called from the engine thread; splits work over `executor`.
+  virtual Status forward(const AttentionShape& shape, const AttentionBatch& batch,
+                         Executor& executor) = 0;
+};
+
+template <> struct PluginKindOf<AttentionKernel> {
+  static constexpr PluginKind value = PluginKind::kAttention;
+};
+
+}  // namespace tessera

@@ -1,0 +1,97 @@
+// kv_cache plugins decide which KV blocks each sequence uses: allocation, sharing (forks and
+// prefix reuse), eviction. They never touch KV memory itself: the backend owns the pool,
+// laid out as [num_blocks][block_size][num_kv_heads][head_dim] per layer for K and for V,
+// and the runner writes token t of a sequence into block block_table[t / block_size] at
+// row t % block_size. A contiguous cache is the special case of one block per sequence.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tessera/sdk/plugin.h"
+#include "tessera/sdk/types.h"
+
+namespace tessera {
+
+// What the model needs stored per token.
+struct KvModelShape {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t max_context = 0;   // the longest sequence the engine will admit
+  int32_t max_num_seqs = 0;  // from the scheduler, for caches that reserve per sequence
+};
+
+// The pool the backend must allocate, as decided by the plugin.
+struct KvLayout {
+  int32_t block_size = 0;  // tokens per block
+  int32_t num_blocks = 0;
+  KvDtype dtype = KvDtype::kF16;
+
+  // Bytes of one block across all layers, K and V.
+  static size_t block_bytes(const KvModelShape& s, int32_t block_size, KvDtype dtype) {
+    return 2ull * s.num_layers * s.num_kv_heads * s.head_dim * block_size * kv_dtype_size(dtype);
+  }
+};
+
+// A block copy the runner must perform before the step's forward (copy-on-write after a fork).
+struct BlockCopy {
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+struct KvStats {
+  int32_t num_blocks = 0;
+  int32_t num_used_blocks = 0;     // referenced by at least one live sequence
+  int32_t num_cached_blocks = 0;   // unreferenced but kept for prefix reuse (evictable)
+  int64_t num_slots_reserved = 0;  // token slots held by live sequences
+  int64_t num_slots_filled = 0;    // of those, slots holding a computed token
+  int64_t prefix_query_tokens = 0; // prompt tokens looked up in the prefix cache
+  int64_t prefix_hit_tokens = 0;   // of those, found cached
+};
+
+class KvCacheManager {
+ public:
+  virtual ~KvCacheManager() = default;
+
+  // Called once before use with the model's shape and the byte budget from config; decides
+  // the layout. Fails when not even one sequence of max_context tokens fits.
+  virtual Status configure(const KvModelShape& shape, KvLayout* layout) = 0;
+
+  // Prefix caching: when a waiting sequence is first scheduled, returns how many of its
+  // leading tokens already have K/V in the cache (a multiple of block_size, less than
+  // num_prompt_tokens) and attaches those blocks to it. Caches without prefix reuse return 0.
+  virtual int32_t attach_cached_prefix(const SequenceInfo& seq) = 0;
+
+  // Makes room for `num_new_tokens` tokens after seq.num_computed_tokens. Returns false and
+  // changes nothing when there is not enough free memory (the scheduler then preempts).
+  virtual bool allocate_slots(const SequenceInfo& seq, int32_t num_new_tokens) = 0;
+
+  // The first `num_computed` tokens of seq now hold valid K/V; full blocks among them may be
+  // published for prefix reuse.
+  virtual void mark_computed(const SequenceInfo& seq, int32_t num_computed) = 0;
+
+  // Releases every block reference of the sequence (finish, cancel, preemption).
+  virtual void free(SeqId seq) = 0;
+
+  // `child` shares all of `parent`'s blocks (n > 1 samples of one prompt). A shared block is
+  // copied on the next write through allocate_slots (see take_block_copies).
+  virtual Status fork(SeqId parent, SeqId child) = 0;
+
+  // Block table of a live sequence: block ids in token order. Valid until the next call that
+  // changes this sequence's blocks.
+  virtual std::span<const int32_t> block_table(SeqId seq) const = 0;
+
+  // Moves out the block copies decided since the last call; the runner performs them first.
+  virtual void take_block_copies(std::vector<BlockCopy>* copies) = 0;
+
+  virtual int32_t num_free_blocks() const = 0;
+  virtual KvStats stats() const = 0;
+};
+
+template <> struct PluginKindOf<KvCacheManager> {
+  static constexpr PluginKind value = PluginKind::kKvCache;
+};
+
+}  // namespace tessera

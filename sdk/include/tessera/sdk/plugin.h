@@ -1,0 +1,149 @@
+// The plugin seam: a manifest of plain data exported under one extern "C" symbol, and the
+// registration macro that builds it.
+//
+// Ownership across the seam: `create` hands the caller a new object that the caller must
+// release with the same manifest's `destroy`; the host wraps it so that the library stays
+// loaded while the object lives. Entry points never throw: failures come back as Status.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "tessera/sdk/abi.h"
+#include "tessera/sdk/logger.h"
+#include "tessera/sdk/params.h"
+#include "tessera/sdk/status.h"
+
+namespace tessera {
+
+enum class PluginKind : uint32_t {
+  kScheduler = 0, kKvCache, kAttention, kQuantizer, kSampler, kCacheLayer, kRouter, kDrafter,
+  kBackend,
+};
+inline constexpr int kNumPluginKinds = 9;
+
+// The YAML key of each kind ("kv_cache", "cache_layer", ...).
+inline const char* plugin_kind_name(PluginKind kind) {
+  switch (kind) {
+    case PluginKind::kScheduler: return "scheduler";
+    case PluginKind::kKvCache: return "kv_cache";
+    case PluginKind::kAttention: return "attention";
+    case PluginKind::kQuantizer: return "quantizer";
+    case PluginKind::kSampler: return "sampler";
+    case PluginKind::kCacheLayer: return "cache_layer";
+    case PluginKind::kRouter: return "router";
+    case PluginKind::kDrafter: return "drafter";
+    case PluginKind::kBackend: return "backend";
+  }
+  return "unknown";
+}
+
+enum class PluginStatus : uint32_t { kStable = 0, kAlpha, kWip };
+
+// What the host gives every plugin it creates.
+struct PluginContext {
+  Logger* logger = nullptr;     // never null when created by the host; outlives the object
+  std::string config_file;      // the YAML file the slot came from ("" when built in code)
+};
+
+// The first fields of every manifest. Their layout never changes, so the host can read the
+// ABI version and toolchain of a library built against any SDK before trusting the rest.
+struct PluginManifestHeader {
+  uint32_t magic;        // kPluginMagic
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  uint32_t reserved;
+  const char* toolchain; // TESSERA_SDK_TOOLCHAIN of the plugin's build
+};
+inline constexpr uint32_t kPluginMagic = 0x41525354;  // "TSRA"
+
+struct PluginManifest {
+  PluginManifestHeader header;
+  PluginKind kind;
+  const char* name;         // unique within its kind, e.g. "chunked-prefill"
+  const char* version;      // the plugin's own semantic version
+  const char* description;  // one line
+  PluginStatus status;
+  const ParamSpec* params;  // schema of the slot's parameters (static storage)
+  size_t num_params;
+  // Creates an object implementing the kind's interface (Scheduler, Sampler, ...) from a
+  // validated config. On success stores it in *out as a pointer to that interface type.
+  Status (*create)(const PluginConfig& config, const PluginContext& context, void** out);
+  // Destroys an object returned by create.
+  void (*destroy)(void* object);
+};
+
+// The symbol every plugin library exports.
+#define TESSERA_PLUGIN_MANIFEST_SYMBOL "tessera_plugin_manifest"
+using PluginManifestFn = const PluginManifest* (*)();
+
+template <class Interface> struct PluginKindOf;  // specialized by each interface header
+
+namespace detail {
+// Create an `Impl` through `Impl::create(config, context, &unique_ptr<Interface>)` and turn
+// exceptions into a Status so none cross the seam.
+template <class Impl, class Interface>
+Status create_plugin(const PluginConfig& config, const PluginContext& context, void** out) {
+  try {
+    std::unique_ptr<Interface> object;
+    Status status = Impl::create(config, context, &object);
+    if (!status.is_ok()) return status;
+    if (!object) return internal_error("create returned no object");
+    *out = static_cast<void*>(object.release());
+    return Status::ok();
+  } catch (const std::exception& e) {
+    return internal_error(std::string("exception while creating plugin: ") + e.what());
+  } catch (...) {
+    return internal_error("unknown exception while creating plugin");
+  }
+}
+template <class Interface>
+void destroy_plugin(void* object) {
+  delete static_cast<Interface*>(object);
+}
+}  // namespace detail
+
+}  // namespace tessera
+
+#if defined(_WIN32)
+#define TESSERA_PLUGIN_EXPORT extern "C" __declspec(dllexport)
+#else
+#define TESSERA_PLUGIN_EXPORT extern "C" __attribute__((visibility("default")))
+#endif
+
+// Registers a plugin library's one plugin. Use once, in one source file of the library.
+//   Impl:      a class deriving from Interface, with
+//              static Status create(const PluginConfig&, const PluginContext&,
+//                                   std::unique_ptr<Interface>* out);
+//   Interface: the kind's interface (tessera::Sampler, tessera::Scheduler, ...)
+//   NAME, VERSION, DESCRIPTION: string literals; PARAMS: a static array of ParamSpec.
+#define TESSERA_REGISTER_PLUGIN(Impl, Interface, NAME, VERSION, DESCRIPTION, PARAMS)         \
+  TESSERA_PLUGIN_EXPORT const ::tessera::PluginManifest* tessera_plugin_manifest() {       \
+    static const ::tessera::PluginManifest manifest = {                                    \
+        {::tessera::kPluginMagic, TESSERA_SDK_ABI_MAJOR, TESSERA_SDK_ABI_MINOR, 0,         \
+         TESSERA_SDK_TOOLCHAIN},                                                           \
+        ::tessera::PluginKindOf<Interface>::value,                                         \
+        NAME,                                                                              \
+        VERSION,                                                                           \
+        DESCRIPTION,                                                                       \
+        ::tessera::PluginStatus::kStable,                                                  \
+        PARAMS,                                                                            \
+        ::tessera::detail::param_count(PARAMS),                                            \
+        &::tessera::detail::create_plugin<Impl, Interface>,                                \
+        &::tessera::detail::destroy_plugin<Interface>};                                    \
+    return &manifest;                                                                      \
+  }
+
+// For plugins without parameters, pass TESSERA_NO_PARAMS as PARAMS.
+namespace tessera::detail {
+inline constexpr ParamSpec kNoParams[1] = {{"", ParamType::kBool, nullptr, "", -INFINITY, INFINITY, nullptr, true}};
+// The number of entries of a schema array; the empty-name sentinel of kNoParams counts as 0.
+template <size_t N>
+constexpr size_t param_count(const ParamSpec (&specs)[N]) {
+  return (N == 1 && specs[0].name[0] == '\0') ? 0 : N;
+}
+}  // namespace tessera::detail
+#define TESSERA_NO_PARAMS ::tessera::detail::kNoParams

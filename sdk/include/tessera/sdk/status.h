@@ -1,0 +1,57 @@
+// Status: how plugin entry points report failure. Exceptions never cross the plugin seam;
+// the host adds the plugin's name and config path to the message.
+#pragma once
+
+#include <string>
+#include <utility>
+
+namespace tessera {
+
+enum class StatusCode {
+  kOk = 0,
+  kInvalidArgument,    // bad input from a request or a config value
+  kOutOfRange,         // e.g. a prompt longer than the context
+  kResourceExhausted,  // no KV blocks, queue full
+  kNotFound,
+  kUnimplemented,
+  kCancelled,
+  kInternal,
+};
+
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  static Status ok() { return {}; }
+
+  bool is_ok() const { return code_ == StatusCode::kOk; }
+  explicit operator bool() const { return is_ok(); }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
+inline Status resource_exhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
+inline Status unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+
+inline const char* status_code_name(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "ok";
+    case StatusCode::kInvalidArgument: return "invalid_argument";
+    case StatusCode::kOutOfRange: return "out_of_range";
+    case StatusCode::kResourceExhausted: return "resource_exhausted";
+    case StatusCode::kNotFound: return "not_found";
+    case StatusCode::kUnimplemented: return "unimplemented";
+    case StatusCode::kCancelled: return "cancelled";
+    case StatusCode::kInternal: return "internal";
+  }
+  return "unknown";
+}
+
+}  // namespace tessera
