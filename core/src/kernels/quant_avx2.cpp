@@ -1,0 +1,179 @@
+// AVX2/FMA/F16C dot products. They follow ggml's x86 kernels (ggml-cpu/arch/x86/quants.c and
+// ggml_vec_dot_f16/f32 with GGML_SIMD on AVX2) step for step: the same integer product
+// sequence, the same per-block FMA into one 8-lane float accumulator, the same horizontal-sum
+// order. Float addition is not associative, so matching the order is what keeps our logits
+// within rounding noise of llama.cpp's rather than merely close.
+//
+// This file is compiled with -mavx2 -mfma -mf16c; nothing here may run before cpu_has_avx2().
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+
+#include "quant_blocks.h"
+
+// ggml is C compiled in ISO mode, where GCC does not fuse a*b+c into an FMA; GCC's C++ default
+// would, changing the rounding of e.g. the Q4_1 min term. Keep every float operation separate.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace tessera::kernels {
+
+namespace {
+
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// 32 nibbles -> 32 bytes: low nibbles (elements 0..15) in the low 128-bit lane, high nibbles
+// (elements 16..31) in the high lane, matching the Q4 element order.
+inline __m256i bytes_from_nibbles_32(const uint8_t* rsi) {
+  const __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rsi));
+  const __m256i bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+  const __m256i low_mask = _mm256_set1_epi8(0xF);
+  return _mm256_and_si256(low_mask, bytes);
+}
+
+// Sum of adjacent int16 pairs -> 8 int32 -> 8 floats.
+inline __m256 sum_i16_pairs_float(const __m256i x) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i summed_pairs = _mm256_madd_epi16(ones, x);
+  return _mm256_cvtepi32_ps(summed_pairs);
+}
+
+// ax unsigned, sy signed. maddubs saturates to int16, but with |ax| <= 128 and |sy| <= 127
+// two products stay within range (worst case 2*128*127 = 32512).
+inline __m256 mul_sum_us8_pairs_float(const __m256i ax, const __m256i sy) {
+  const __m256i dot = _mm256_maddubs_epi16(ax, sy);
+  return sum_i16_pairs_float(dot);
+}
+
+// Signed x signed: maddubs needs one unsigned operand, so move x's sign onto y.
+inline __m256 mul_sum_i8_pairs_float(const __m256i x, const __m256i y) {
+  const __m256i ax = _mm256_sign_epi8(x, x);
+  const __m256i sy = _mm256_sign_epi8(y, x);
+  return mul_sum_us8_pairs_float(ax, sy);
+}
+
+// ggml's hsum_float_8: high lane + low lane, then pairwise.
+inline float hsum_float_8(const __m256 x) {
+  __m128 res = _mm256_extractf128_ps(x, 1);
+  res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+  res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+  res = _mm_add_ss(res, _mm_movehdup_ps(res));
+  return _mm_cvtss_f32(res);
+}
+
+// ggml's GGML_F32x8_REDUCE over 4 accumulators: (s0+s2) + (s1+s3), then lanes via hadd.
+inline float reduce_4x8(__m256 s[4]) {
+  s[0] = _mm256_add_ps(s[0], s[2]);
+  s[1] = _mm256_add_ps(s[1], s[3]);
+  s[0] = _mm256_add_ps(s[0], s[1]);
+  const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(s[0]), _mm256_extractf128_ps(s[0], 1));
+  const __m128 t1 = _mm_hadd_ps(t0, t0);
+  return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
+
+// ggml's GGML_F32_STEP / GGML_F32_EPR on AVX2: 4 accumulators of 8 floats.
+constexpr int64_t kStep = 32;
+constexpr int64_t kEpr = 8;
+
+}  // namespace
+
+float vec_dot_q4_0_q8_0_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(xv);
+  const int64_t nb = n / kQK8_0;
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i off = _mm256_set1_epi8(8);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m256 d = _mm256_set1_ps(half_to_float(x[ib].d) * half_to_float(y[ib].d));
+    const __m256i qx = _mm256_sub_epi8(bytes_from_nibbles_32(x[ib].qs), off);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[ib].qs));
+    const __m256 q = mul_sum_i8_pairs_float(qx, qy);
+    acc = _mm256_fmadd_ps(d, q, acc);
+  }
+  return hsum_float_8(acc);
+}
+
+float vec_dot_q4_1_q8_1_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const BlockQ4_1*>(w);
+  const auto* y = static_cast<const BlockQ8_1*>(xv);
+  const int64_t nb = n / kQK8_1;
+  __m256 acc = _mm256_setzero_ps();
+  // The min term is a scalar per block (m_w * s_x); ggml keeps it out of the vector
+  // accumulator and adds it once at the end.
+  float summs = 0.0f;
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const float d0 = half_to_float(x[ib].d);
+    const float d1 = half_to_float(y[ib].d);
+    summs += half_to_float(x[ib].m) * half_to_float(y[ib].s);
+    const __m256 d0d1 = _mm256_mul_ps(_mm256_set1_ps(d0), _mm256_set1_ps(d1));
+    // Q4_1 nibbles are unsigned, so they feed maddubs directly without the sign trick.
+    const __m256i qx = bytes_from_nibbles_32(x[ib].qs);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[ib].qs));
+    const __m256 xy = mul_sum_us8_pairs_float(qx, qy);
+    acc = _mm256_fmadd_ps(d0d1, xy, acc);
+  }
+  return hsum_float_8(acc) + summs;
+}
+
+float vec_dot_q8_0_q8_0_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(xv);
+  const int64_t nb = n / kQK8_0;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m256 d = _mm256_set1_ps(half_to_float(x[ib].d) * half_to_float(y[ib].d));
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[ib].qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[ib].qs));
+    const __m256 q = mul_sum_i8_pairs_float(qx, qy);
+    acc = _mm256_fmadd_ps(d, q, acc);
+  }
+  return hsum_float_8(acc);
+}
+
+float vec_dot_f16_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(xv);
+  const int64_t np = n & ~(kStep - 1);
+  __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  for (int64_t i = 0; i < np; i += kStep) {
+    for (int j = 0; j < 4; ++j) {
+      const __m256 ax = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i + j * kEpr)));
+      const __m256 ay = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i + j * kEpr)));
+      sum[j] = _mm256_fmadd_ps(ax, ay, sum[j]);
+    }
+  }
+  // The tail is accumulated in double on top of the reduced float, like ggml_vec_dot_f16.
+  double sumf = reduce_4x8(sum);
+  for (int64_t i = np; i < n; ++i) {
+    sumf += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
+  }
+  return static_cast<float>(sumf);
+}
+
+float vec_dot_f32_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(xv);
+  const int64_t np = n & ~(kStep - 1);
+  __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  for (int64_t i = 0; i < np; i += kStep) {
+    for (int j = 0; j < 4; ++j) {
+      const __m256 ax = _mm256_loadu_ps(x + i + j * kEpr);
+      const __m256 ay = _mm256_loadu_ps(y + i + j * kEpr);
+      sum[j] = _mm256_fmadd_ps(ax, ay, sum[j]);
+    }
+  }
+  double sumf = reduce_4x8(sum);
+  for (int64_t i = np; i < n; ++i) sumf += static_cast<double>(x[i] * y[i]);
+  return static_cast<float>(sumf);
+}
+
+}  // namespace tessera::kernels
+
+#endif  // x86

@@ -1,0 +1,68 @@
+// Internal: GGML block layouts and the entry points of the SIMD kernels. The structs mirror
+// ggml's block_* types byte for byte so GGUF tensor data can be read in place; fp16 fields
+// are kept as raw uint16_t bits (converted with fp16_to_fp32 / F16C), never as a C++ half type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera::kernels {
+
+inline constexpr int kQK4_0 = 32;
+inline constexpr int kQK4_1 = 32;
+inline constexpr int kQK8_0 = 32;
+inline constexpr int kQK8_1 = 32;
+inline constexpr int kQK_K = 256;     // super-block size of the K-quants
+inline constexpr int kKScaleSize = 12;  // packed 6-bit scales/mins of Q4_K
+
+struct BlockQ4_0 {
+  uint16_t d;               // fp16 scale
+  uint8_t qs[kQK4_0 / 2];   // element j in the low nibble of qs[j], element j+16 in the high
+};
+static_assert(sizeof(BlockQ4_0) == 18, "must match ggml's block_q4_0");
+
+struct BlockQ4_1 {
+  uint16_t d;               // fp16 scale
+  uint16_t m;               // fp16 block minimum
+  uint8_t qs[kQK4_1 / 2];   // same nibble order as Q4_0
+};
+static_assert(sizeof(BlockQ4_1) == 20, "must match ggml's block_q4_1");
+
+struct BlockQ8_0 {
+  uint16_t d;               // fp16 scale
+  int8_t qs[kQK8_0];
+};
+static_assert(sizeof(BlockQ8_0) == 34, "must match ggml's block_q8_0");
+
+struct BlockQ8_1 {
+  uint16_t d;               // fp16 scale
+  uint16_t s;               // fp16 of d * sum(qs): lets Q4_1's min term skip a pass over qs
+  int8_t qs[kQK8_1];
+};
+static_assert(sizeof(BlockQ8_1) == 36, "must match ggml's block_q8_1");
+
+struct BlockQ4_K {
+  uint16_t d;                      // fp16 super-block scale of the 6-bit scales
+  uint16_t dmin;                   // fp16 super-block scale of the 6-bit mins
+  uint8_t scales[kKScaleSize];     // 8 scales + 8 mins, 6 bits each, packed
+  uint8_t qs[kQK_K / 2];           // 4-bit quants
+};
+static_assert(sizeof(BlockQ4_K) == 144, "must match ggml's block_q4_K");
+
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];      // low 4 bits of the quants
+  uint8_t qh[kQK_K / 4];      // high 2 bits of the quants
+  int8_t scales[kQK_K / 16];  // 8-bit scales, one per 16 elements
+  uint16_t d;                 // fp16 super-block scale
+};
+static_assert(sizeof(BlockQ6_K) == 210, "must match ggml's block_q6_K");
+
+// AVX2/FMA/F16C kernels (quant_avx2.cpp). Only call after cpu_has_avx2() returned true: the
+// translation unit is compiled with -mavx2 and may use those instructions anywhere.
+float vec_dot_q4_0_q8_0_avx2(int64_t n, const void* w, const void* x);
+float vec_dot_q4_1_q8_1_avx2(int64_t n, const void* w, const void* x);
+float vec_dot_q8_0_q8_0_avx2(int64_t n, const void* w, const void* x);
+float vec_dot_f16_avx2(int64_t n, const void* w, const void* x);
+float vec_dot_f32_avx2(int64_t n, const void* w, const void* x);
+
+}  // namespace tessera::kernels

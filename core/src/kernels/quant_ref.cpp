@@ -1,0 +1,499 @@
+// Scalar reference kernels for the GGML block formats, plus the run-time dispatch of vec_dot.
+// Every quantizer here reproduces ggml's quantize_row_*_ref operation by operation (same scale
+// formula, same rounding, fp16 storage of the scales) because llama.cpp quantizes activations
+// this way and a one-ulp difference in a scale changes every product in the block.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "quant_blocks.h"
+#include "tessera/ggml_types.h"
+
+// ggml is C compiled in ISO mode, where GCC does not fuse a*b+c into an FMA; GCC's C++ default
+// would, changing the rounding of e.g. the Q4_1 min term. Keep every float operation separate.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace tessera {
+
+namespace {
+
+using kernels::BlockQ4_0;
+using kernels::BlockQ4_1;
+using kernels::BlockQ4_K;
+using kernels::BlockQ6_K;
+using kernels::BlockQ8_0;
+using kernels::BlockQ8_1;
+using kernels::kQK4_0;
+using kernels::kQK4_1;
+using kernels::kQK8_0;
+using kernels::kQK8_1;
+using kernels::kQK_K;
+
+// ---- dequantize -------------------------------------------------------------------------
+
+void dequantize_row_q4_0(const BlockQ4_0* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK4_0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      const int x0 = (x[i].qs[j] & 0x0F) - 8;
+      const int x1 = (x[i].qs[j] >> 4) - 8;
+      y[i * kQK4_0 + j] = x0 * d;
+      y[i * kQK4_0 + j + kQK4_0 / 2] = x1 * d;
+    }
+  }
+}
+
+void dequantize_row_q4_1(const BlockQ4_1* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK4_1;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    const float m = fp16_to_fp32(x[i].m);
+    for (int j = 0; j < kQK4_1 / 2; ++j) {
+      const int x0 = x[i].qs[j] & 0x0F;
+      const int x1 = x[i].qs[j] >> 4;
+      y[i * kQK4_1 + j] = x0 * d + m;
+      y[i * kQK4_1 + j + kQK4_1 / 2] = x1 * d + m;
+    }
+  }
+}
+
+void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK8_0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < kQK8_0; ++j) y[i * kQK8_0 + j] = x[i].qs[j] * d;
+  }
+}
+
+// ggml has no Q8_1 dequantizer (it is an activation-only format); the obvious one is provided
+// so round-trip tests and debugging can look at Q8_1 data. s is redundant and ignored.
+void dequantize_row_q8_1(const BlockQ8_1* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK8_1;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < kQK8_1; ++j) y[i * kQK8_1 + j] = x[i].qs[j] * d;
+  }
+}
+
+// Unpacks scale/min j (0..7) of a Q4_K super-block: the first four are the low 6 bits of
+// bytes 0-3 / 4-7; the last four take 4 bits from bytes 8-11 and their top 2 bits from the
+// spare high bits of bytes 0-7.
+inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+  }
+}
+
+void dequantize_row_q4_k(const BlockQ4_K* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK_K;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* q = x[i].qs;
+    const float d = fp16_to_fp32(x[i].d);
+    const float min = fp16_to_fp32(x[i].dmin);
+    int is = 0;
+    uint8_t sc = 0;
+    uint8_t m = 0;
+    // Each 64 elements share 32 bytes: the low nibbles are sub-block `is`, the high
+    // nibbles sub-block `is + 1`.
+    for (int j = 0; j < kQK_K; j += 64) {
+      get_scale_min_k4(is + 0, x[i].scales, &sc, &m);
+      const float d1 = d * sc;
+      const float m1 = min * m;
+      get_scale_min_k4(is + 1, x[i].scales, &sc, &m);
+      const float d2 = d * sc;
+      const float m2 = min * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+      q += 32;
+      is += 2;
+    }
+  }
+}
+
+void dequantize_row_q6_k(const BlockQ6_K* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK_K;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    const uint8_t* ql = x[i].ql;
+    const uint8_t* qh = x[i].qh;
+    const int8_t* sc = x[i].scales;
+    // Each 128 elements use 64 ql bytes (two nibbles each) and 32 qh bytes (four 2-bit
+    // fields each); element groups l, l+32, l+64, l+96 share a qh byte.
+    for (int base = 0; base < kQK_K; base += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l + 0] = d * sc[is + 0] * q1;
+        y[l + 32] = d * sc[is + 2] * q2;
+        y[l + 64] = d * sc[is + 4] * q3;
+        y[l + 96] = d * sc[is + 6] * q4;
+      }
+      y += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
+// ---- quantize (ggml's *_ref) --------------------------------------------------------------
+
+void quantize_row_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
+  const int64_t nb = n / kQK4_0;
+  for (int64_t i = 0; i < nb; ++i) {
+    // The signed value of largest magnitude maps to -8, so the full [-8, 7] range is used on
+    // the side where it matters.
+    float amax = 0.0f;
+    float max = 0.0f;
+    for (int j = 0; j < kQK4_0; ++j) {
+      const float v = x[i * kQK4_0 + j];
+      if (amax < std::fabs(v)) {
+        amax = std::fabs(v);
+        max = v;
+      }
+    }
+    const float d = max / -8;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      const float x0 = x[i * kQK4_0 + j] * id;
+      const float x1 = x[i * kQK4_0 + kQK4_0 / 2 + j] * id;
+      // Truncation of x + 8.5 is ggml's rounding here (not roundf); keep it.
+      const uint8_t xi0 = static_cast<uint8_t>(std::min<int8_t>(15, static_cast<int8_t>(x0 + 8.5f)));
+      const uint8_t xi1 = static_cast<uint8_t>(std::min<int8_t>(15, static_cast<int8_t>(x1 + 8.5f)));
+      y[i].qs[j] = static_cast<uint8_t>(xi0 | (xi1 << 4));
+    }
+  }
+}
+
+void quantize_row_q4_1(const float* x, BlockQ4_1* y, int64_t n) {
+  const int64_t nb = n / kQK4_1;
+  for (int64_t i = 0; i < nb; ++i) {
+    float min = FLT_MAX;
+    float max = -FLT_MAX;
+    for (int j = 0; j < kQK4_1; ++j) {
+      const float v = x[i * kQK4_1 + j];
+      if (v < min) min = v;
+      if (v > max) max = v;
+    }
+    const float d = (max - min) / ((1 << 4) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    y[i].m = fp32_to_fp16(min);
+    for (int j = 0; j < kQK4_1 / 2; ++j) {
+      const float x0 = (x[i * kQK4_1 + j] - min) * id;
+      const float x1 = (x[i * kQK4_1 + kQK4_1 / 2 + j] - min) * id;
+      const uint8_t xi0 = static_cast<uint8_t>(std::min<int8_t>(15, static_cast<int8_t>(x0 + 0.5f)));
+      const uint8_t xi1 = static_cast<uint8_t>(std::min<int8_t>(15, static_cast<int8_t>(x1 + 0.5f)));
+      y[i].qs[j] = static_cast<uint8_t>(xi0 | (xi1 << 4));
+    }
+  }
+}
+
+void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
+  const int64_t nb = n / kQK8_0;
+  for (int64_t i = 0; i < nb; ++i) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[i * kQK8_0 + j]));
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < kQK8_0; ++j) {
+      // roundf rounds halves away from zero, as ggml's reference does.
+      y[i].qs[j] = static_cast<int8_t>(std::roundf(x[i * kQK8_0 + j] * id));
+    }
+  }
+}
+
+void quantize_row_q8_1(const float* x, BlockQ8_1* y, int64_t n) {
+  const int64_t nb = n / kQK8_1;
+  for (int64_t i = 0; i < nb; ++i) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQK8_1; ++j) amax = std::max(amax, std::fabs(x[i * kQK8_1 + j]));
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    int sum = 0;
+    for (int j = 0; j < kQK8_1 / 2; ++j) {
+      const float v0 = x[i * kQK8_1 + j] * id;
+      const float v1 = x[i * kQK8_1 + kQK8_1 / 2 + j] * id;
+      y[i].qs[j] = static_cast<int8_t>(std::roundf(v0));
+      y[i].qs[kQK8_1 / 2 + j] = static_cast<int8_t>(std::roundf(v1));
+      sum += y[i].qs[j];
+      sum += y[i].qs[kQK8_1 / 2 + j];
+    }
+    // ggml multiplies by the unrounded float d, not by the stored fp16 d.
+    y[i].s = fp32_to_fp16(static_cast<float>(sum) * d);
+  }
+}
+
+float bf16_to_fp32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// ggml_compute_fp32_to_bf16: round to nearest even; NaNs are kept NaN (quieted) instead of
+// letting the rounding carry turn them into infinities.
+uint16_t fp32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 64);
+  return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+// ---- scalar dot products (ggml's generic paths) ---------------------------------------------
+
+float vec_dot_q4_0_q8_0_ref(int64_t n, const BlockQ4_0* x, const BlockQ8_0* y) {
+  const int64_t nb = n / kQK8_0;
+  float sumf = 0.0f;
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    int sumi0 = 0;
+    int sumi1 = 0;
+    for (int j = 0; j < kQK8_0 / 2; ++j) {
+      const int v0 = (x[ib].qs[j] & 0x0F) - 8;
+      const int v1 = (x[ib].qs[j] >> 4) - 8;
+      sumi0 += v0 * y[ib].qs[j];
+      sumi1 += v1 * y[ib].qs[j + kQK8_0 / 2];
+    }
+    const int sumi = sumi0 + sumi1;
+    sumf += sumi * fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d);
+  }
+  return sumf;
+}
+
+float vec_dot_q4_1_q8_1_ref(int64_t n, const BlockQ4_1* x, const BlockQ8_1* y) {
+  const int64_t nb = n / kQK8_1;
+  float sumf = 0.0f;
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    int sumi0 = 0;
+    int sumi1 = 0;
+    for (int j = 0; j < kQK8_1 / 2; ++j) {
+      const int v0 = x[ib].qs[j] & 0x0F;
+      const int v1 = x[ib].qs[j] >> 4;
+      sumi0 += v0 * y[ib].qs[j];
+      sumi1 += v1 * y[ib].qs[j + kQK8_1 / 2];
+    }
+    const int sumi = sumi0 + sumi1;
+    // sum_j (q_w*d_w + m)(q_x*d_x) = d_w*d_x*sum(q_w*q_x) + m*(d_x*sum(q_x)), and the
+    // second factor is exactly what Q8_1 stores in s.
+    sumf += (fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d)) * sumi +
+            fp16_to_fp32(x[ib].m) * fp16_to_fp32(y[ib].s);
+  }
+  return sumf;
+}
+
+float vec_dot_q8_0_q8_0_ref(int64_t n, const BlockQ8_0* x, const BlockQ8_0* y) {
+  const int64_t nb = n / kQK8_0;
+  float sumf = 0.0f;
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    int sumi = 0;
+    for (int j = 0; j < kQK8_0; ++j) sumi += x[ib].qs[j] * y[ib].qs[j];
+    sumf += sumi * (fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d));
+  }
+  return sumf;
+}
+
+// Float products accumulated in double, as ggml's non-SIMD ggml_vec_dot_f16/f32 do.
+float vec_dot_f16_ref(int64_t n, const uint16_t* x, const uint16_t* y) {
+  double sumf = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    sumf += static_cast<double>(fp16_to_fp32(x[i]) * fp16_to_fp32(y[i]));
+  }
+  return static_cast<float>(sumf);
+}
+
+float vec_dot_f32_ref(int64_t n, const float* x, const float* y) {
+  double sumf = 0.0;
+  for (int64_t i = 0; i < n; ++i) sumf += static_cast<double>(x[i] * y[i]);
+  return static_cast<float>(sumf);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+constexpr bool kAvx2KernelsCompiled = true;
+#else
+constexpr bool kAvx2KernelsCompiled = false;
+#endif
+
+}  // namespace
+
+bool dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return true;
+    case GgmlType::F16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+      return true;
+    }
+    case GgmlType::BF16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
+      return true;
+    }
+    case GgmlType::Q4_0:
+      dequantize_row_q4_0(static_cast<const BlockQ4_0*>(src), dst, n);
+      return true;
+    case GgmlType::Q4_1:
+      dequantize_row_q4_1(static_cast<const BlockQ4_1*>(src), dst, n);
+      return true;
+    case GgmlType::Q8_0:
+      dequantize_row_q8_0(static_cast<const BlockQ8_0*>(src), dst, n);
+      return true;
+    case GgmlType::Q8_1:
+      dequantize_row_q8_1(static_cast<const BlockQ8_1*>(src), dst, n);
+      return true;
+    case GgmlType::Q4_K:
+      dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n);
+      return true;
+    case GgmlType::Q6_K:
+      dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n);
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return true;
+    case GgmlType::F16: {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
+      return true;
+    }
+    case GgmlType::BF16: {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
+      return true;
+    }
+    case GgmlType::Q4_0:
+      quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
+      return true;
+    case GgmlType::Q4_1:
+      quantize_row_q4_1(src, static_cast<BlockQ4_1*>(dst), n);
+      return true;
+    case GgmlType::Q8_0:
+      quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n);
+      return true;
+    case GgmlType::Q8_1:
+      quantize_row_q8_1(src, static_cast<BlockQ8_1*>(dst), n);
+      return true;
+    default:
+      return false;
+  }
+}
+
+GgmlType vec_dot_type(GgmlType weight_type) {
+  switch (weight_type) {
+    case GgmlType::F16:
+      return GgmlType::F16;
+    case GgmlType::Q4_0:
+    case GgmlType::Q8_0:
+      return GgmlType::Q8_0;
+    case GgmlType::Q4_1:
+      return GgmlType::Q8_1;
+    default:
+      // Everything else (F32, BF16, and weights without a vec dot here, e.g. the K-quants,
+      // which a caller dequantizes first) takes F32 activations.
+      return GgmlType::F32;
+  }
+}
+
+bool has_vec_dot(GgmlType weight_type) {
+  switch (weight_type) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q8_0:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) || defined(__i386__)
+  // F16C is required too: the F16 kernel and the scale conversions use it. Clang's
+  // __builtin_cpu_supports does not know "f16c", so that bit is read from CPUID leaf 1
+  // directly (the avx2 check has already confirmed the OS saves YMM state).
+  static const bool supported = [] {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+    return (ecx & bit_F16C) != 0;
+  }();
+  return kAvx2KernelsCompiled && supported;
+#else
+  return false;
+#endif
+}
+
+float vec_dot_scalar(GgmlType weight_type, int64_t n, const void* weight_row, const void* x) {
+  switch (weight_type) {
+    case GgmlType::F32:
+      return vec_dot_f32_ref(n, static_cast<const float*>(weight_row), static_cast<const float*>(x));
+    case GgmlType::F16:
+      return vec_dot_f16_ref(n, static_cast<const uint16_t*>(weight_row),
+                             static_cast<const uint16_t*>(x));
+    case GgmlType::Q4_0:
+      return vec_dot_q4_0_q8_0_ref(n, static_cast<const BlockQ4_0*>(weight_row),
+                                   static_cast<const BlockQ8_0*>(x));
+    case GgmlType::Q4_1:
+      return vec_dot_q4_1_q8_1_ref(n, static_cast<const BlockQ4_1*>(weight_row),
+                                   static_cast<const BlockQ8_1*>(x));
+    case GgmlType::Q8_0:
+      return vec_dot_q8_0_q8_0_ref(n, static_cast<const BlockQ8_0*>(weight_row),
+                                   static_cast<const BlockQ8_0*>(x));
+    default:
+      // NaN rather than 0 so a caller that skipped has_vec_dot() gets visibly wrong logits.
+      return std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
+float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const void* x) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpu_has_avx2()) {
+    switch (weight_type) {
+      case GgmlType::F32:
+        return kernels::vec_dot_f32_avx2(n, weight_row, x);
+      case GgmlType::F16:
+        return kernels::vec_dot_f16_avx2(n, weight_row, x);
+      case GgmlType::Q4_0:
+        return kernels::vec_dot_q4_0_q8_0_avx2(n, weight_row, x);
+      case GgmlType::Q4_1:
+        return kernels::vec_dot_q4_1_q8_1_avx2(n, weight_row, x);
+      case GgmlType::Q8_0:
+        return kernels::vec_dot_q8_0_q8_0_avx2(n, weight_row, x);
+      default:
+        break;
+    }
+  }
+#endif
+  return vec_dot_scalar(weight_type, n, weight_row, x);
+}
+
+}  // namespace tessera

@@ -1,0 +1,563 @@
+// Tests of the GGML block kernels: reference quantize/dequantize (bit-level checks on hand-built
+// blocks, round-trip error bounds), the scalar dot products against a float dot of the
+// dequantized rows, and the AVX2 kernels against the scalar ones.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tessera/ggml_types.h"
+
+using tessera::GgmlType;
+
+namespace {
+
+// Block layouts as ggml defines them, restated here so the tests do not depend on the
+// implementation's internal header.
+struct Q4_0Block {
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct Q4_1Block {
+  uint16_t d, m;
+  uint8_t qs[16];
+};
+struct Q8_0Block {
+  uint16_t d;
+  int8_t qs[32];
+};
+struct Q8_1Block {
+  uint16_t d, s;
+  int8_t qs[32];
+};
+struct Q4_KBlock {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qs[128];
+};
+struct Q6_KBlock {
+  uint8_t ql[128];
+  uint8_t qh[64];
+  int8_t scales[16];
+  uint16_t d;
+};
+static_assert(sizeof(Q4_0Block) == 18 && sizeof(Q4_1Block) == 20 && sizeof(Q8_0Block) == 34 &&
+              sizeof(Q8_1Block) == 36 && sizeof(Q4_KBlock) == 144 && sizeof(Q6_KBlock) == 210);
+
+std::vector<float> random_floats(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<uint8_t> quantize(GgmlType type, const std::vector<float>& x) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint8_t> out(tessera::ggml_row_size(type, n));
+  REQUIRE(tessera::quantize_row(type, x.data(), out.data(), n));
+  return out;
+}
+
+std::vector<float> dequantize(GgmlType type, const void* data, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  REQUIRE(tessera::dequantize_row(type, data, out.data(), n));
+  return out;
+}
+
+float max_abs(const float* x, int n) {
+  float m = 0.0f;
+  for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
+}
+
+// A weight row and an activation row already converted to the weight's vec-dot type, plus
+// what an exact dot of their dequantized values looks like.
+struct DotCase {
+  GgmlType type;
+  int64_t n;
+  std::vector<uint8_t> w;
+  std::vector<uint8_t> x;
+  double exact = 0.0;     // dot of the dequantized rows in double
+  double abs_sum = 0.0;   // sum of |products|: the scale any float summation error is relative to
+};
+
+DotCase make_dot_case(GgmlType type, int64_t n, uint32_t seed) {
+  DotCase c{type, n, {}, {}};
+  // Weights with an offset so Q4_1's min term is not trivially small.
+  std::vector<float> wf = random_floats(n, seed, 0.5f);
+  for (auto& v : wf) v += 0.1f;
+  const std::vector<float> xf = random_floats(n, seed + 1000, 2.0f);
+  c.w = quantize(type, wf);
+  c.x = quantize(tessera::vec_dot_type(type), xf);
+  const std::vector<float> wd = dequantize(type, c.w.data(), n);
+  const std::vector<float> xd = dequantize(tessera::vec_dot_type(type), c.x.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double p = static_cast<double>(wd[i]) * xd[i];
+    c.exact += p;
+    c.abs_sum += std::fabs(p);
+  }
+  return c;
+}
+
+const GgmlType kDotTypes[] = {GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1,
+                              GgmlType::Q8_0};
+
+}  // namespace
+
+TEST_CASE("dispatch tables: vec_dot_type, has_vec_dot, unsupported types") {
+  CHECK(tessera::vec_dot_type(GgmlType::F32) == GgmlType::F32);
+  CHECK(tessera::vec_dot_type(GgmlType::F16) == GgmlType::F16);
+  CHECK(tessera::vec_dot_type(GgmlType::Q4_0) == GgmlType::Q8_0);
+  CHECK(tessera::vec_dot_type(GgmlType::Q4_1) == GgmlType::Q8_1);
+  CHECK(tessera::vec_dot_type(GgmlType::Q8_0) == GgmlType::Q8_0);
+  CHECK(tessera::vec_dot_type(GgmlType::BF16) == GgmlType::F32);
+  for (GgmlType t : kDotTypes) CHECK(tessera::has_vec_dot(t));
+  CHECK_FALSE(tessera::has_vec_dot(GgmlType::BF16));
+  CHECK_FALSE(tessera::has_vec_dot(GgmlType::Q4_K));
+  CHECK_FALSE(tessera::has_vec_dot(GgmlType::Q6_K));
+
+  std::vector<float> f(256, 1.0f);
+  std::vector<uint8_t> buf(4096);
+  CHECK_FALSE(tessera::quantize_row(GgmlType::Q4_K, f.data(), buf.data(), 256));
+  CHECK_FALSE(tessera::quantize_row(GgmlType::Q5_0, f.data(), buf.data(), 256));
+  CHECK_FALSE(tessera::dequantize_row(GgmlType::Q5_0, buf.data(), f.data(), 256));
+  CHECK_FALSE(tessera::dequantize_row(GgmlType::Q8_K, buf.data(), f.data(), 256));
+  // Misuse is loud, not a silent zero.
+  CHECK(std::isnan(tessera::vec_dot_scalar(GgmlType::Q4_K, 256, buf.data(), buf.data())));
+  CHECK(std::isnan(tessera::vec_dot(GgmlType::Q6_K, 256, buf.data(), buf.data())));
+}
+
+TEST_CASE("Q8_0 known block: d = amax/127, roundf rounds halves away from zero") {
+  // amax = 127 makes d = 1 and id = 1 exactly, so q = roundf(x) and every tie is visible.
+  float x[32];
+  for (int j = 0; j < 31; ++j) x[j] = static_cast<float>(j - 16) + 0.5f;  // -15.5 .. 14.5
+  x[31] = 127.0f;
+  Q8_0Block b{};
+  REQUIRE(tessera::quantize_row(GgmlType::Q8_0, x, &b, 32));
+  CHECK(b.d == 0x3C00);  // fp16 1.0
+  for (int j = 0; j < 31; ++j) {
+    const int expected = (x[j] < 0) ? -(16 - j) : (j - 16 + 1);  // away from zero
+    CHECK(b.qs[j] == expected);
+  }
+  CHECK(b.qs[31] == 127);
+  CHECK(b.qs[0] == -16);   // -15.5 -> -16 (nearest-even would also give -16)
+  CHECK(b.qs[17] == 2);    // 1.5 -> 2
+  CHECK(b.qs[18] == 3);    // 2.5 -> 3 (nearest-even would give 2)
+  CHECK(b.qs[15] == -1);   // -0.5 -> -1 (nearest-even would give 0)
+
+  float y[32];
+  REQUIRE(tessera::dequantize_row(GgmlType::Q8_0, &b, y, 32));
+  for (int j = 0; j < 32; ++j) CHECK(y[j] == static_cast<float>(b.qs[j]));
+
+  // A ramp with a non-trivial scale: d is stored as fp16 of amax/127.
+  float r[32];
+  for (int j = 0; j < 32; ++j) r[j] = 0.25f * static_cast<float>(j - 16);  // amax = 4
+  REQUIRE(tessera::quantize_row(GgmlType::Q8_0, r, &b, 32));
+  CHECK(b.d == tessera::fp32_to_fp16(4.0f / 127.0f));
+  CHECK(b.qs[0] == -127);
+  CHECK(b.qs[16] == 0);
+  CHECK(b.qs[24] == 64);   // 2.0 * 31.75 = 63.5 (in float arithmetic) -> 64
+}
+
+TEST_CASE("Q8_0 of an all-zero block has d = 0 and zero quants") {
+  float x[32] = {};
+  Q8_0Block b;
+  std::memset(&b, 0x55, sizeof b);
+  REQUIRE(tessera::quantize_row(GgmlType::Q8_0, x, &b, 32));
+  CHECK(b.d == 0);
+  for (int j = 0; j < 32; ++j) CHECK(b.qs[j] == 0);
+}
+
+TEST_CASE("Q8_1 stores s = fp16(d * sum(q)) with the unrounded float d") {
+  float x[32];
+  for (int j = 0; j < 31; ++j) x[j] = static_cast<float>(j - 16) + 0.5f;
+  x[31] = 127.0f;
+  Q8_1Block b{};
+  REQUIRE(tessera::quantize_row(GgmlType::Q8_1, x, &b, 32));
+  CHECK(b.d == 0x3C00);
+  int sum = 0;
+  for (int j = 0; j < 32; ++j) sum += b.qs[j];
+  // Quants are the same as Q8_0's (-16..-1, 1..15, 127): sum = -136 + 120 + 127 = 111.
+  CHECK(sum == 111);
+  CHECK(b.s == tessera::fp32_to_fp16(111.0f));
+
+  // Random blocks: s uses d = amax/127 before fp16 rounding, as ggml's quantize_row_q8_1_ref.
+  const std::vector<float> v = random_floats(32 * 64, 7, 3.0f);
+  const std::vector<uint8_t> q = quantize(GgmlType::Q8_1, v);
+  const auto* blocks = reinterpret_cast<const Q8_1Block*>(q.data());
+  for (int ib = 0; ib < 64; ++ib) {
+    const float d = max_abs(&v[ib * 32], 32) / 127.0f;
+    int s = 0;
+    for (int j = 0; j < 32; ++j) {
+      s += blocks[ib].qs[j];
+      CHECK(blocks[ib].qs[j] == static_cast<int8_t>(std::roundf(v[ib * 32 + j] * (1.0f / d))));
+    }
+    CHECK(blocks[ib].d == tessera::fp32_to_fp16(d));
+    CHECK(blocks[ib].s == tessera::fp32_to_fp16(static_cast<float>(s) * d));
+  }
+
+  // Q8_1 quants equal Q8_0 quants of the same data; only the header differs.
+  const std::vector<uint8_t> q0 = quantize(GgmlType::Q8_0, v);
+  const auto* b0 = reinterpret_cast<const Q8_0Block*>(q0.data());
+  for (int ib = 0; ib < 64; ++ib) {
+    CHECK(b0[ib].d == blocks[ib].d);
+    CHECK(std::memcmp(b0[ib].qs, blocks[ib].qs, 32) == 0);
+  }
+}
+
+TEST_CASE("Q4_0 known blocks: d = max/-8, nibble order, clipping at 15") {
+  // Signed max is -8 -> d = 1, id = 1; q = trunc(x + 8.5).
+  float x[32];
+  for (int j = 0; j < 16; ++j) x[j] = static_cast<float>(j - 8);       // q = j
+  for (int j = 0; j < 16; ++j) x[16 + j] = static_cast<float>(7 - j);  // q = 15 - j
+  Q4_0Block b{};
+  REQUIRE(tessera::quantize_row(GgmlType::Q4_0, x, &b, 32));
+  CHECK(b.d == 0x3C00);
+  for (int j = 0; j < 16; ++j) {
+    CHECK((b.qs[j] & 0xF) == j);          // element j in the low nibble
+    CHECK((b.qs[j] >> 4) == 15 - j);      // element j + 16 in the high nibble
+  }
+  float y[32];
+  REQUIRE(tessera::dequantize_row(GgmlType::Q4_0, &b, y, 32));
+  for (int j = 0; j < 32; ++j) CHECK(y[j] == x[j]);
+
+  // Positive max 8 -> d = -1; -8 maps to 16.5 -> 16, clipped to 15, i.e. -7 after dequant.
+  float z[32] = {};
+  z[0] = 8.0f;
+  z[1] = -8.0f;
+  REQUIRE(tessera::quantize_row(GgmlType::Q4_0, z, &b, 32));
+  CHECK(b.d == 0xBC00);  // fp16 -1.0
+  CHECK((b.qs[0] & 0xF) == 0);
+  CHECK((b.qs[1] & 0xF) == 15);
+  CHECK((b.qs[2] & 0xF) == 8);
+  REQUIRE(tessera::dequantize_row(GgmlType::Q4_0, &b, y, 32));
+  CHECK(y[0] == 8.0f);
+  CHECK(y[1] == -7.0f);
+  for (int j = 2; j < 32; ++j) CHECK(y[j] == 0.0f);
+}
+
+TEST_CASE("Q4_1 known block: d = (max-min)/15, m = min, q = trunc((x-min)/d + 0.5)") {
+  float x[32];
+  for (int j = 0; j < 16; ++j) x[j] = static_cast<float>(j - 2);       // min -2 .. 13
+  for (int j = 0; j < 16; ++j) x[16 + j] = static_cast<float>(13 - j);
+  x[3] = -0.5f;  // (x - min) = 1.5 -> +0.5 = 2.0 -> q = 2 (a tie rounds up)
+  x[4] = 0.49f;  // 2.49 + 0.5 = 2.99 -> q = 2 (truncation, not round-half-even)
+  Q4_1Block b{};
+  REQUIRE(tessera::quantize_row(GgmlType::Q4_1, x, &b, 32));
+  CHECK(b.d == 0x3C00);  // 15 / 15 = 1
+  CHECK(b.m == 0xC000);  // fp16 -2.0
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (j == 3) ? 2 : (j == 4 ? 2 : j);
+    CHECK((b.qs[j] & 0xF) == lo);
+    CHECK((b.qs[j] >> 4) == 15 - j);
+  }
+  float y[32];
+  REQUIRE(tessera::dequantize_row(GgmlType::Q4_1, &b, y, 32));
+  for (int j = 0; j < 32; ++j) {
+    const float expected = (j == 3 || j == 4) ? 0.0f : x[j];
+    CHECK(y[j] == expected);
+  }
+
+  // A constant block: d = 0, so id = 0 and every q is 0; dequant gives m back.
+  float c[32];
+  for (auto& v : c) v = 1.5f;
+  REQUIRE(tessera::quantize_row(GgmlType::Q4_1, c, &b, 32));
+  CHECK(b.d == 0);
+  CHECK(b.m == tessera::fp32_to_fp16(1.5f));
+  REQUIRE(tessera::dequantize_row(GgmlType::Q4_1, &b, y, 32));
+  for (int j = 0; j < 32; ++j) CHECK(y[j] == 1.5f);
+}
+
+TEST_CASE("round trips stay within each format's error bound") {
+  const int64_t n = 32 * 128;
+  const std::vector<float> x = random_floats(n, 42, 1.5f);
+  const float h = std::ldexp(1.0f, -11);  // fp16 relative rounding (half an ulp at 11 bits)
+
+  SUBCASE("F32 is exact") {
+    const std::vector<uint8_t> q = quantize(GgmlType::F32, x);
+    const std::vector<float> y = dequantize(GgmlType::F32, q.data(), n);
+    CHECK(std::memcmp(x.data(), y.data(), n * sizeof(float)) == 0);
+  }
+  SUBCASE("F16: relative error <= 2^-11") {
+    const std::vector<uint8_t> q = quantize(GgmlType::F16, x);
+    const std::vector<float> y = dequantize(GgmlType::F16, q.data(), n);
+    for (int64_t i = 0; i < n; ++i) CHECK(std::fabs(y[i] - x[i]) <= std::fabs(x[i]) * h + 1e-7f);
+  }
+  SUBCASE("BF16: relative error <= 2^-8, ties to even, NaN stays NaN") {
+    const std::vector<uint8_t> q = quantize(GgmlType::BF16, x);
+    const std::vector<float> y = dequantize(GgmlType::BF16, q.data(), n);
+    for (int64_t i = 0; i < n; ++i) CHECK(std::fabs(y[i] - x[i]) <= std::fabs(x[i]) * 0x1p-8f);
+    // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1.0078125: ties to even -> 1.0.
+    // 1 + 3*2^-8 is halfway between 1.0078125 (odd) and 1.015625: -> 1.015625.
+    const float special[4] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, NAN, -INFINITY};
+    uint16_t b[4];
+    REQUIRE(tessera::quantize_row(GgmlType::BF16, special, b, 4));
+    CHECK(b[0] == 0x3F80);
+    CHECK(b[1] == 0x3F82);
+    float back[4];
+    REQUIRE(tessera::dequantize_row(GgmlType::BF16, b, back, 4));
+    CHECK(std::isnan(back[2]));
+    CHECK(back[3] == -INFINITY);
+  }
+  SUBCASE("Q8_0 / Q8_1: |err| <= amax/127/2 plus the fp16 error of d") {
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q8_1}) {
+      const std::vector<uint8_t> q = quantize(t, x);
+      const std::vector<float> y = dequantize(t, q.data(), n);
+      for (int64_t ib = 0; ib < n / 32; ++ib) {
+        const float amax = max_abs(&x[ib * 32], 32);
+        const float bound = amax * (0.5f / 127.0f + h) * 1.001f;
+        for (int j = 0; j < 32; ++j) {
+          CHECK(std::fabs(y[ib * 32 + j] - x[ib * 32 + j]) <= bound);
+        }
+      }
+    }
+  }
+  SUBCASE("Q4_0: |err| <= amax/8 (one step, at the clipped end) plus fp16 error") {
+    const std::vector<uint8_t> q = quantize(GgmlType::Q4_0, x);
+    const std::vector<float> y = dequantize(GgmlType::Q4_0, q.data(), n);
+    double sq = 0.0;
+    double ref = 0.0;
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+      const float d = max_abs(&x[ib * 32], 32) / 8.0f;
+      for (int j = 0; j < 32; ++j) {
+        const float e = std::fabs(y[ib * 32 + j] - x[ib * 32 + j]);
+        CHECK(e <= d * (1.0f + 8 * h) * 1.001f);
+        sq += static_cast<double>(e) * e;
+        ref += static_cast<double>(x[ib * 32 + j]) * x[ib * 32 + j];
+      }
+    }
+    // Typical error is much smaller than the worst case: a 4-bit code of Gaussian data keeps
+    // the relative RMS error near 10%.
+    CHECK(std::sqrt(sq / ref) < 0.15);
+  }
+  SUBCASE("Q4_1: |err| <= d/2 plus fp16 errors of d and m") {
+    const std::vector<uint8_t> q = quantize(GgmlType::Q4_1, x);
+    const std::vector<float> y = dequantize(GgmlType::Q4_1, q.data(), n);
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+      float mn = x[ib * 32];
+      float mx = mn;
+      for (int j = 0; j < 32; ++j) {
+        mn = std::min(mn, x[ib * 32 + j]);
+        mx = std::max(mx, x[ib * 32 + j]);
+      }
+      const float d = (mx - mn) / 15.0f;
+      const float bound = (0.5f * d + 15 * d * h + std::fabs(mn) * h) * 1.001f + 1e-6f;
+      for (int j = 0; j < 32; ++j) CHECK(std::fabs(y[ib * 32 + j] - x[ib * 32 + j]) <= bound);
+    }
+  }
+}
+
+TEST_CASE("Q4_K dequantize: 6-bit packed scales/mins and nibble layout") {
+  // Build a super-block with ggml's packing of (scale, min) pairs; the upper four pairs use
+  // values >= 16 so the 2-bit high parts stored in bytes 0-7 matter.
+  const uint8_t ls[8] = {1, 2, 3, 63, 33, 17, 48, 5};
+  const uint8_t lm[8] = {0, 7, 63, 1, 50, 16, 2, 31};
+  Q4_KBlock b{};
+  b.d = tessera::fp32_to_fp16(0.5f);
+  b.dmin = tessera::fp32_to_fp16(0.25f);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      b.scales[j] = ls[j];
+      b.scales[j + 4] = lm[j];
+    } else {
+      b.scales[j + 4] = static_cast<uint8_t>((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+      b.scales[j - 4] |= static_cast<uint8_t>((ls[j] >> 4) << 6);
+      b.scales[j] |= static_cast<uint8_t>((lm[j] >> 4) << 6);
+    }
+  }
+  // q for element e: sub-block e/32; chunk e/64 uses qs[32*(e/64) .. +32], low nibbles for the
+  // first 32 elements of the chunk and high nibbles for the second 32.
+  uint8_t q[256];
+  for (int e = 0; e < 256; ++e) q[e] = static_cast<uint8_t>((e * 7 + e / 32) & 0xF);
+  for (int e = 0; e < 256; ++e) {
+    const int chunk = e / 64;
+    const int l = e % 32;
+    if ((e % 64) < 32) {
+      b.qs[chunk * 32 + l] = static_cast<uint8_t>((b.qs[chunk * 32 + l] & 0xF0) | q[e]);
+    } else {
+      b.qs[chunk * 32 + l] = static_cast<uint8_t>((b.qs[chunk * 32 + l] & 0x0F) | (q[e] << 4));
+    }
+  }
+  float y[512];
+  Q4_KBlock two[2] = {b, b};
+  two[1].d = tessera::fp32_to_fp16(-1.0f);  // second super-block: a different scale
+  REQUIRE(tessera::dequantize_row(GgmlType::Q4_K, two, y, 512));
+  for (int e = 0; e < 256; ++e) {
+    const int s = e / 32;
+    // Values are small integers times powers of two: exact in float.
+    CHECK(y[e] == 0.5f * ls[s] * q[e] - 0.25f * lm[s]);
+    CHECK(y[256 + e] == -1.0f * ls[s] * q[e] - 0.25f * lm[s]);
+  }
+}
+
+TEST_CASE("Q6_K dequantize: 4+2 bit quants, signed 8-bit scales per 16 elements") {
+  uint8_t L[256];  // 6-bit codes, value = code - 32
+  for (int e = 0; e < 256; ++e) L[e] = static_cast<uint8_t>((e * 37 + 11) & 63);
+  L[0] = 0;   // -32
+  L[1] = 63;  // +31
+  Q6_KBlock b{};
+  for (int s = 0; s < 16; ++s) b.scales[s] = static_cast<int8_t>((s % 2 ? -1 : 1) * (s * 8 + 1));
+  b.scales[15] = -128;
+  b.d = tessera::fp32_to_fp16(0.125f);
+  // ggml's packing (quantize_row_q6_K_ref): per 128 elements, ql[l] holds codes l and l+64,
+  // ql[l+32] holds l+32 and l+96, qh[l] holds the high 2 bits of l, l+32, l+64, l+96.
+  for (int base = 0; base < 256; base += 128) {
+    uint8_t* ql = b.ql + base / 2;
+    uint8_t* qh = b.qh + base / 4;
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t* c = L + base;
+      ql[l] = static_cast<uint8_t>((c[l] & 0xF) | ((c[l + 64] & 0xF) << 4));
+      ql[l + 32] = static_cast<uint8_t>((c[l + 32] & 0xF) | ((c[l + 96] & 0xF) << 4));
+      qh[l] = static_cast<uint8_t>((c[l] >> 4) | ((c[l + 32] >> 4) << 2) | ((c[l + 64] >> 4) << 4) |
+                                   ((c[l + 96] >> 4) << 6));
+    }
+  }
+  float y[256];
+  REQUIRE(tessera::dequantize_row(GgmlType::Q6_K, &b, y, 256));
+  for (int e = 0; e < 256; ++e) {
+    CHECK(y[e] == 0.125f * b.scales[e / 16] * (static_cast<int>(L[e]) - 32));
+  }
+  CHECK(y[0] == 0.125f * 1 * -32);
+  CHECK(y[1] == 0.125f * 1 * 31);
+}
+
+TEST_CASE("vec_dot_scalar equals the dot of the dequantized rows") {
+  for (GgmlType t : kDotTypes) {
+    for (int64_t n : {32, 96, 576, 4096}) {
+      CAPTURE(tessera::ggml_type_name(t));
+      CAPTURE(n);
+      const DotCase c = make_dot_case(t, n, static_cast<uint32_t>(n) * 31u + static_cast<uint32_t>(t));
+      const float got = tessera::vec_dot_scalar(t, n, c.w.data(), c.x.data());
+      // Integer block sums are exact; what remains is float rounding of the per-block scale
+      // products and the running float sum (ggml accumulates in float), bounded by a few
+      // float ulps per block relative to sum |products|.
+      double tol = 1e-5 * c.abs_sum;
+      if (t == GgmlType::Q4_1) {
+        // The min term uses s = fp16(d * sum q) while dequantization uses fp16(d) * q: the two
+        // differ by up to two fp16 roundings of each block's m * s.
+        const auto* w = reinterpret_cast<const Q4_1Block*>(c.w.data());
+        const auto* x = reinterpret_cast<const Q8_1Block*>(c.x.data());
+        for (int64_t ib = 0; ib < n / 32; ++ib) {
+          tol += std::fabs(tessera::fp16_to_fp32(w[ib].m) * tessera::fp16_to_fp32(x[ib].s)) *
+                 std::ldexp(1.0, -10);
+        }
+      }
+      CHECK(std::fabs(got - c.exact) <= tol);
+    }
+  }
+}
+
+TEST_CASE("F16 and F32 scalar dots accept any length") {
+  for (int64_t n : {1, 7, 31, 33, 100}) {
+    const std::vector<float> a = random_floats(n, 5, 1.0f);
+    const std::vector<float> b = random_floats(n, 6, 1.0f);
+    double exact = 0.0;
+    double abs_sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      exact += static_cast<double>(a[i]) * b[i];
+      abs_sum += std::fabs(static_cast<double>(a[i]) * b[i]);
+    }
+    // Each float product is rounded once (<= 2^-24 relative), the double sum adds nothing
+    // measurable, and the result is rounded to float once.
+    const float got = tessera::vec_dot_scalar(GgmlType::F32, n, a.data(), b.data());
+    CHECK(std::fabs(got - exact) <= 0x1p-24 * abs_sum + 0x1p-24 * std::fabs(exact));
+    const std::vector<uint8_t> ah = quantize(GgmlType::F16, a);
+    const std::vector<uint8_t> bh = quantize(GgmlType::F16, b);
+    // Products of two halves are exact in float and the sum is in double: the only rounding is
+    // the final conversion to float.
+    const std::vector<float> ad = dequantize(GgmlType::F16, ah.data(), n);
+    const std::vector<float> bd = dequantize(GgmlType::F16, bh.data(), n);
+    double exact_h = 0.0;
+    for (int64_t i = 0; i < n; ++i) exact_h += static_cast<double>(ad[i]) * bd[i];
+    CHECK(tessera::vec_dot_scalar(GgmlType::F16, n, ah.data(), bh.data()) ==
+          static_cast<float>(exact_h));
+  }
+}
+
+TEST_CASE("vec_dot (AVX2) matches vec_dot_scalar") {
+  if (!tessera::cpu_has_avx2()) {
+    MESSAGE("CPU lacks AVX2/FMA/F16C: the SIMD kernels are not used here, skipping");
+    return;
+  }
+  std::mt19937 rng(1234);
+  std::vector<int64_t> sizes = {32, 64, 96, 576, 1024, 4096};
+  for (int i = 0; i < 10; ++i) sizes.push_back(32 * std::uniform_int_distribution<int64_t>(1, 128)(rng));
+  for (GgmlType t : kDotTypes) {
+    for (int64_t n : sizes) {
+      CAPTURE(tessera::ggml_type_name(t));
+      CAPTURE(n);
+      const DotCase c = make_dot_case(t, n, static_cast<uint32_t>(n) + 17u * static_cast<uint32_t>(t));
+      const float simd = tessera::vec_dot(t, n, c.w.data(), c.x.data());
+      const float ref = tessera::vec_dot_scalar(t, n, c.w.data(), c.x.data());
+      // Same integer sums, different float summation order: a relative 1e-5 of sum |products|
+      // is far above the reordering noise (~n/8 float ulps in the worst case) yet catches any
+      // wrong element, nibble or scale.
+      double scale = c.abs_sum;
+      if (t == GgmlType::Q4_1) {
+        const auto* w = reinterpret_cast<const Q4_1Block*>(c.w.data());
+        const auto* x = reinterpret_cast<const Q8_1Block*>(c.x.data());
+        for (int64_t ib = 0; ib < n / 32; ++ib) {
+          scale += std::fabs(tessera::fp16_to_fp32(w[ib].m) * tessera::fp16_to_fp32(x[ib].s));
+        }
+      }
+      CHECK(std::fabs(simd - ref) <= 1e-5 * scale);
+    }
+  }
+}
+
+TEST_CASE("vec_dot (AVX2) F16/F32 tails and extreme quants") {
+  if (!tessera::cpu_has_avx2()) {
+    MESSAGE("CPU lacks AVX2/FMA/F16C: the SIMD kernels are not used here, skipping");
+    return;
+  }
+  // Lengths that are not multiples of the 32-element SIMD step exercise the scalar tail.
+  for (int64_t n : {1, 5, 31, 33, 63, 100, 1000, 4097}) {
+    CAPTURE(n);
+    const std::vector<float> a = random_floats(n, 11, 1.0f);
+    const std::vector<float> b = random_floats(n, 12, 1.0f);
+    double abs_sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) abs_sum += std::fabs(static_cast<double>(a[i]) * b[i]);
+    CHECK(std::fabs(tessera::vec_dot(GgmlType::F32, n, a.data(), b.data()) -
+                    tessera::vec_dot_scalar(GgmlType::F32, n, a.data(), b.data())) <=
+          1e-5 * abs_sum);
+    const std::vector<uint8_t> ah = quantize(GgmlType::F16, a);
+    const std::vector<uint8_t> bh = quantize(GgmlType::F16, b);
+    CHECK(std::fabs(tessera::vec_dot(GgmlType::F16, n, ah.data(), bh.data()) -
+                    tessera::vec_dot_scalar(GgmlType::F16, n, ah.data(), bh.data())) <=
+          1e-5 * abs_sum);
+  }
+
+  // Saturation corner of maddubs: all quants at +-127 (Q8_0) and 15 / -8 (Q4). With unit
+  // scales every partial sum is an exactly representable integer, so results must be equal.
+  const int64_t n = 256;
+  std::vector<Q8_0Block> w8(n / 32), x8(n / 32);
+  std::vector<Q4_0Block> w40(n / 32);
+  std::vector<Q4_1Block> w41(n / 32);
+  std::vector<Q8_1Block> x81(n / 32);
+  for (int64_t ib = 0; ib < n / 32; ++ib) {
+    w8[ib].d = x8[ib].d = w40[ib].d = w41[ib].d = x81[ib].d = 0x3C00;
+    w41[ib].m = 0x3C00;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      w8[ib].qs[j] = static_cast<int8_t>((j + ib) % 2 ? 127 : -127);
+      x8[ib].qs[j] = static_cast<int8_t>(j % 3 ? -127 : 127);
+      x81[ib].qs[j] = x8[ib].qs[j];
+      sum += x81[ib].qs[j];
+    }
+    x81[ib].s = tessera::fp32_to_fp16(static_cast<float>(sum));
+    for (int j = 0; j < 16; ++j) {
+      w40[ib].qs[j] = static_cast<uint8_t>(j % 2 ? 0xF0 : 0x0F);  // -8 / +7 after the offset
+      w41[ib].qs[j] = 0xFF;                                        // 15 everywhere
+    }
+  }
+  CHECK(tessera::vec_dot(GgmlType::Q8_0, n, w8.data(), x8.data()) ==
+        tessera::vec_dot_scalar(GgmlType::Q8_0, n, w8.data(), x8.data()));
+  CHECK(tessera::vec_dot(GgmlType::Q4_0, n, w40.data(), x8.data()) ==
+        tessera::vec_dot_scalar(GgmlType::Q4_0, n, w40.data(), x8.data()));
+  CHECK(tessera::vec_dot(GgmlType::Q4_1, n, w41.data(), x81.data()) ==
+        tessera::vec_dot_scalar(GgmlType::Q4_1, n, w41.data(), x81.data()));
+}
