@@ -1,0 +1,26 @@
+// Shared by the commands that run a model: registry scan, config validation, model load with
+// a progress bar on stderr, engine construction.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessera/config.h"
+#include "tessera/engine.h"
+#include "tessera/plugin_registry.h"
+
+namespace tessera::cli {
+
+struct LoadedStack {
+  std::unique_ptr<PluginRegistry> registry;
+  StackConfig config;
+  std::unique_ptr<Engine> engine;
+};
+
+// `config_path` empty: the default stack. Throws CommandError / ConfigError with the reason.
+LoadedStack load_stack(const std::string& config_path, bool quiet);
+
+// Prints "\r<label> [#####     ] done/total" to stderr.
+void print_progress(const char* label, size_t done, size_t total);
+
+}  // namespace tessera::cli

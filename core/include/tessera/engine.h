@@ -1,0 +1,167 @@
+// The engine: one step loop per deployment. Each step the scheduler plans a flattened batch
+// (prompt chunks, decode tokens, tokens plus drafts), the KV manager provides slots, the
+// runner computes logits for the rows that are sampled, the sampler picks tokens (or
+// verifies drafts), and results stream back to each request's callback.
+//
+// Thread-safety: submit() and cancel() may be called from any thread; step() and the
+// callbacks run on one engine thread (the caller of step(), or the background thread
+// started by start()).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tessera/model.h"
+#include "tessera/model_runner.h"
+#include "tessera/sdk.h"
+
+namespace tessera {
+
+struct EngineComponents {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<Backend> backend;
+  std::shared_ptr<Quantizer> quantizer;
+  std::shared_ptr<Scheduler> scheduler;
+  std::shared_ptr<KvCacheManager> kv_cache;
+  std::shared_ptr<AttentionKernel> attention;
+  std::shared_ptr<Sampler> sampler;
+  std::shared_ptr<Drafter> drafter;  // may be null
+  int32_t num_draft_tokens = 0;      // per step, when a drafter is set
+  int32_t max_context = 0;           // 0: the model's trained context, capped at 4096
+};
+
+// Per-request timings in seconds on the engine's monotonic clock. TTFT includes the first
+// decode step (it ends when the first generated token exists).
+struct RequestTimings {
+  double arrival = 0;
+  double first_scheduled = -1;
+  double first_token = -1;
+  double finished = -1;
+  std::vector<double> token_times;  // when each generated token was produced
+
+  double queue_time() const { return first_scheduled < 0 ? 0 : first_scheduled - arrival; }
+  double ttft() const { return first_token < 0 ? 0 : first_token - arrival; }
+  double end_to_end() const { return finished < 0 ? 0 : finished - arrival; }
+  // Mean time per output token after the first: (T_total - TTFT) / (N - 1).
+  double tpot() const;
+  std::vector<double> inter_token_latencies() const;
+};
+
+struct GenerationEvent {
+  uint64_t request_id = 0;
+  int32_t choice = 0;                 // which of the n samples
+  std::vector<SampledToken> tokens;   // new tokens of this step (end tokens are not included)
+  // The last event of a sample has finished = true (possibly with final tokens).
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  Status error;                       // set when finish_reason == kError
+  int32_t num_prompt_tokens = 0;
+  int32_t num_cached_prompt_tokens = 0;  // prefix-cache hits
+  const RequestTimings* timings = nullptr;  // valid during the callback
+};
+
+using EventCallback = std::function<void(const GenerationEvent&)>;
+
+struct GenerationRequest {
+  std::vector<TokenId> prompt;
+  SamplingParams params;
+  int32_t n = 1;          // independent samples sharing the prompt (forked after prefill)
+  int32_t priority = 0;
+  EventCallback on_event;
+};
+
+struct EngineStats {
+  uint64_t num_steps = 0;
+  uint64_t num_batch_tokens = 0;   // tokens fed to the model, all steps
+  uint64_t num_preemptions = 0;
+  uint64_t num_finished = 0;
+  int32_t last_batch_size = 0;
+  int32_t last_batch_tokens = 0;
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  uint64_t num_draft_tokens = 0;
+  uint64_t num_accepted_draft_tokens = 0;
+  KvStats kv;
+};
+
+class Engine {
+ public:
+  // Configures the KV cache, allocates its pool and the runner. Throws std::runtime_error
+  // with the reason (e.g. the KV budget cannot hold one sequence).
+  explicit Engine(EngineComponents components);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and enqueues. Errors (empty prompt, prompt or max_tokens past the context,
+  // token outside the vocabulary) come back as a Status; nothing is enqueued then.
+  Status submit(GenerationRequest request, uint64_t* request_id);
+  // Cancels all samples of a request; its blocks are freed on the next step. Unknown ids
+  // are ignored.
+  void cancel(uint64_t request_id);
+
+  // Runs one step on the calling thread; returns false when there was nothing to do.
+  bool step();
+  // Steps until no request is waiting or running.
+  void run_until_idle();
+  // Runs the step loop on a background thread until stop().
+  void start();
+  void stop();
+
+  EngineStats stats() const;
+  const Model& model() const { return *components_.model; }
+  int32_t max_context() const { return max_context_; }
+  double now() const;
+
+ private:
+  struct Request;
+  struct Sequence;
+
+  void drain_inbox();
+  // Marks a sequence finished; its blocks are freed at the end of the step. The finished
+  // event goes out now, or with the step's tokens when report_now is false.
+  void finish(Sequence& seq, FinishReason reason, Status error = {}, bool report_now = true);
+  void emit(Sequence& seq, std::vector<SampledToken> tokens);
+  void append_token(Sequence& seq, const SampledToken& token, std::vector<SampledToken>* emitted);
+  void fork_children(Sequence& parent);
+  void propose_drafts();
+  void release_finished();
+  Sequence* find_sequence(SeqId id);
+
+  EngineComponents components_;
+  int32_t max_context_ = 0;
+  KvLayout kv_layout_;
+  std::unique_ptr<ModelRunner> runner_;
+
+  // Owned state, touched only on the engine thread.
+  std::map<SeqId, std::unique_ptr<Sequence>> sequences_;
+  std::map<uint64_t, std::shared_ptr<Request>> requests_;
+  SeqId next_seq_id_ = 1;
+  SchedulePlan plan_;
+  std::vector<RunnerSequence> runner_batch_;
+  std::vector<Sequence*> batch_sequences_;
+  std::vector<BlockCopy> block_copies_;
+  std::vector<float> logits_;
+  std::vector<SeqId> finished_;
+  EngineStats stats_;
+
+  // Cross-thread inbox.
+  mutable std::mutex inbox_mutex_;
+  std::condition_variable inbox_ready_;
+  std::vector<std::shared_ptr<Request>> inbox_requests_;
+  std::vector<uint64_t> inbox_cancels_;
+  std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<bool> running_{false};
+  std::thread loop_;
+  mutable std::mutex stats_mutex_;
+  EngineStats published_stats_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,68 @@
+// Runs the model's forward pass over a flattened batch: each sequence contributes a span of
+// consecutive tokens (a prompt chunk, one decode token, or a token plus drafts) whose K/V are
+// written into the paged pool before attention reads it through the block tables.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tessera/model.h"
+#include "tessera/sdk/attention.h"
+#include "tessera/sdk/backend.h"
+#include "tessera/sdk/kv_cache.h"
+#include "tessera/sdk/quantizer.h"
+
+namespace tessera {
+
+struct RunnerSequence {
+  const TokenId* tokens = nullptr;    // the tokens fed this step
+  int32_t num_tokens = 0;
+  int32_t start_position = 0;         // position of tokens[0] (= tokens already in the cache)
+  std::span<const int32_t> block_table;
+  int32_t num_logit_rows = 0;         // the last N fed tokens need logits (0: none)
+};
+
+class ModelRunner {
+ public:
+  // Allocates the KV pool described by `layout` and scratch for `max_batch_tokens` rows.
+  ModelRunner(const Model& model, Backend& backend, Quantizer& quantizer,
+              AttentionKernel& attention, const KvLayout& layout, int32_t max_batch_tokens);
+  ~ModelRunner();
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
+
+  // Writes [sum of num_logit_rows][vocab_size] logits in batch order into *logits (resized
+  // only when it grows).
+  Status forward(std::span<const RunnerSequence> sequences, std::vector<float>* logits);
+  // Copies whole blocks (all layers, K and V): copy-on-write after forks.
+  void copy_blocks(std::span<const BlockCopy> copies);
+
+  int32_t vocab_size() const { return model_.hparams().vocab_size; }
+  size_t kv_pool_bytes() const { return kv_pool_bytes_; }
+  const KvLayout& kv_layout() const { return layout_; }
+
+ private:
+  void ensure_capacity(int32_t num_rows, int32_t num_logit_rows);
+  void matmul(const PreparedWeight& w, const float* x, int64_t rows, float* y);
+  void add_bias(float* y, const std::vector<float>& bias, int64_t rows);
+
+  const Model& model_;
+  Backend& backend_;
+  Quantizer& quantizer_;
+  AttentionKernel& attention_;
+  KvLayout layout_;
+  AttentionShape attention_shape_;
+  std::vector<void*> k_pools_, v_pools_;  // one per layer
+  size_t kv_pool_bytes_ = 0;
+  size_t block_stride_bytes_ = 0;         // bytes of one block in one layer's pool
+
+  // Scratch, grown on demand (never shrunk) so the steady state allocates nothing.
+  int32_t capacity_rows_ = 0;
+  int32_t capacity_logit_rows_ = 0;
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, logit_in_;
+  std::vector<int32_t> positions_, slots_;
+  std::vector<AttentionSequence> attention_sequences_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,18 @@
+// Assembles an engine from a validated stack config: creates each plugin of the engine slots
+// through the registry, loads the model with the chosen quantizer, and wires them together.
+#pragma once
+
+#include <memory>
+
+#include "tessera/config.h"
+#include "tessera/engine.h"
+#include "tessera/model.h"
+#include "tessera/plugin_registry.h"
+
+namespace tessera {
+
+// Throws PluginError / std::runtime_error naming the slot (e.g. "engine.kv_cache: ...").
+std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& registry,
+                                     const Model::ProgressFn& progress = {});
+
+}  // namespace tessera

@@ -1,0 +1,128 @@
+#include "tessera/cpu_backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "tessera/ggml_types.h"
+
+namespace tessera {
+
+CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
+
+void* CpuBackend::allocate(size_t bytes) {
+  // 64-byte alignment for SIMD loads; zeroed so unused KV slots hold no garbage.
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (p) std::memset(p, 0, rounded == 0 ? 64 : rounded);
+  return p;
+}
+void CpuBackend::release(void* ptr) { std::free(ptr); }
+void CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::copy_on_device(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
+
+void CpuBackend::rms_norm(float* out, const float* in, const float* weight, int64_t rows,
+                          int64_t dim, float eps) {
+  pool_.run(rows, [&](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* x = in + r * dim;
+      float* y = out + r * dim;
+      // Sum of squares in double, as ggml does, so norms match llama.cpp closely.
+      double sum = 0.0;
+      for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(x[i]) * x[i];
+      const float mean = static_cast<float>(sum / static_cast<double>(dim));
+      const float scale = 1.0f / std::sqrt(mean + eps);
+      for (int64_t i = 0; i < dim; ++i) y[i] = (x[i] * scale) * weight[i];
+    }
+  });
+}
+
+void CpuBackend::rope(float* x, const int32_t* positions, int64_t rows, int32_t num_heads,
+                      const RopeParams& p) {
+  const int32_t head_dim = p.head_dim;
+  const int32_t rot = p.rotary_dim;
+  // theta_i = pos * base^(-2i/rot), built by repeated multiplication in float exactly like
+  // ggml's rope so positions far into the context round the same way.
+  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(rot));
+  pool_.run(rows, [&](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = x + r * num_heads * head_dim;
+      float theta = static_cast<float>(positions[r]) * p.freq_scale;
+      for (int32_t i0 = 0; i0 < rot; i0 += 2) {
+        const float c = std::cos(theta);
+        const float s = std::sin(theta);
+        theta *= theta_scale;
+        for (int32_t h = 0; h < num_heads; ++h) {
+          float* v = row + h * head_dim;
+          // Adjacent pairs (GGUF Llama) or the two halves (NeoX/Qwen2 style).
+          const int32_t a = p.neox ? i0 / 2 : i0;
+          const int32_t b = p.neox ? i0 / 2 + rot / 2 : i0 + 1;
+          const float x0 = v[a];
+          const float x1 = v[b];
+          v[a] = x0 * c - x1 * s;
+          v[b] = x0 * s + x1 * c;
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::silu_mul(float* gate, const float* up, int64_t n) {
+  pool_.run(n, [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = gate[i];
+      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  });
+}
+
+void CpuBackend::add(float* inout, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) inout[i] += x[i];
+}
+
+void CpuBackend::store_kv(void* pool, KvDtype dtype, const float* src, const int32_t* slots,
+                          int64_t rows, int64_t row_elems) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * row_elems;
+    const int64_t offset = static_cast<int64_t>(slots[r]) * row_elems;
+    if (dtype == KvDtype::kF32) {
+      std::memcpy(static_cast<float*>(pool) + offset, s, row_elems * sizeof(float));
+    } else {
+      uint16_t* d = static_cast<uint16_t*>(pool) + offset;
+      for (int64_t i = 0; i < row_elems; ++i) d[i] = fp32_to_fp16(s[i]);
+    }
+  }
+}
+
+namespace {
+const ParamSpec kCpuParams[] = {
+    {"threads", ParamType::kInt, "0",
+     "worker threads including the caller; 0 uses model.threads or all hardware threads", 0,
+     1024},
+};
+}  // namespace
+
+Status CpuBackend::create(const PluginConfig& config, const PluginContext&,
+                          std::unique_ptr<Backend>* out) {
+  *out = std::make_unique<CpuBackend>(static_cast<int>(config.get_int("threads", 0)));
+  return Status::ok();
+}
+
+const PluginManifest* cpu_backend_manifest() {
+  static const PluginManifest manifest = {
+      {kPluginMagic, TESSERA_SDK_ABI_MAJOR, TESSERA_SDK_ABI_MINOR, 0, TESSERA_SDK_TOOLCHAIN},
+      PluginKind::kBackend,
+      "cpu",
+      "0.1.0",
+      "CPU backend built into the core: host memory, thread pool, element-wise kernels",
+      PluginStatus::kStable,
+      kCpuParams,
+      sizeof(kCpuParams) / sizeof(kCpuParams[0]),
+      &detail::create_plugin<CpuBackend, Backend>,
+      &detail::destroy_plugin<Backend>};
+  return &manifest;
+}
+
+}  // namespace tessera

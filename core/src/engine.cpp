@@ -1,0 +1,462 @@
+#include "tessera/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+namespace tessera {
+
+double RequestTimings::tpot() const {
+  if (token_times.size() < 2 || first_token < 0) return 0;
+  return (token_times.back() - first_token) / static_cast<double>(token_times.size() - 1);
+}
+
+std::vector<double> RequestTimings::inter_token_latencies() const {
+  std::vector<double> out;
+  for (size_t i = 1; i < token_times.size(); ++i) out.push_back(token_times[i] - token_times[i - 1]);
+  return out;
+}
+
+struct Engine::Request {
+  uint64_t id = 0;
+  GenerationRequest spec;
+  int32_t num_open = 0;  // samples not yet finished
+};
+
+struct Engine::Sequence {
+  SequenceInfo info;
+  std::vector<TokenId> tokens;  // capacity reserved up front: info.tokens never dangles
+  std::shared_ptr<Request> request;
+  int32_t choice = 0;
+  int32_t pending_forks = 0;    // children to fork when the prompt is done (n > 1)
+  int32_t num_cached_prompt_tokens = 0;
+  SamplerState sampler_state;
+  RequestTimings timings;
+  bool finished = false;
+  bool finish_reported = false;  // the finished event has been delivered
+  FinishReason finish_reason = FinishReason::kNone;
+  Status finish_error;
+
+  void sync_view() { info.tokens = std::span<const TokenId>(tokens.data(), tokens.size()); }
+  void drop_drafts() {
+    tokens.resize(tokens.size() - info.num_draft_tokens);
+    info.num_draft_tokens = 0;
+    sync_view();
+  }
+};
+
+namespace {
+double monotonic_seconds() {
+  using clock = std::chrono::steady_clock;
+  static const clock::time_point start = clock::now();
+  return std::chrono::duration<double>(clock::now() - start).count();
+}
+// Per-sample seeds: sample i of a seeded request uses seed + i, so n > 1 differs per sample.
+uint64_t seed_for(const SamplingParams& p, uint64_t request_id, int32_t choice) {
+  const uint64_t base = p.has_seed ? p.seed : (0x5DEECE66Dull * request_id) ^
+                                                  static_cast<uint64_t>(monotonic_seconds() * 1e9);
+  return base + static_cast<uint64_t>(choice) * 0x9E3779B97F4A7C15ull;
+}
+}  // namespace
+
+double Engine::now() const { return monotonic_seconds(); }
+
+Engine::Engine(EngineComponents components) : components_(std::move(components)) {
+  auto& c = components_;
+  if (!c.model || !c.backend || !c.quantizer || !c.scheduler || !c.kv_cache || !c.attention || !c.sampler)
+    throw std::runtime_error("engine: every component except the drafter is required");
+  const ModelHparams& hp = c.model->hparams();
+  max_context_ = c.max_context > 0 ? c.max_context : std::min(hp.context_length, 4096);
+  KvModelShape shape{hp.num_layers, hp.num_kv_heads, hp.head_dim, max_context_,
+                     c.scheduler->max_num_seqs()};
+  Status st = c.kv_cache->configure(shape, &kv_layout_);
+  if (!st.is_ok()) throw std::runtime_error(st.message());
+  runner_ = std::make_unique<ModelRunner>(*c.model, *c.backend, *c.quantizer, *c.attention,
+                                          kv_layout_, c.scheduler->max_batch_tokens());
+}
+
+Engine::~Engine() { stop(); }
+
+Status Engine::submit(GenerationRequest request, uint64_t* request_id) {
+  const int32_t vocab = components_.model->hparams().vocab_size;
+  const auto prompt_len = static_cast<int64_t>(request.prompt.size());
+  if (request.prompt.empty()) return invalid_argument("prompt: must contain at least one token");
+  for (TokenId t : request.prompt)
+    if (t < 0 || t >= vocab)
+      return invalid_argument("prompt: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                              std::to_string(vocab - 1) + ")");
+  if (request.params.max_tokens < 1)
+    return invalid_argument("max_tokens: must be at least 1, got " + std::to_string(request.params.max_tokens));
+  if (request.n < 1) return invalid_argument("n: must be at least 1, got " + std::to_string(request.n));
+  if (request.n > components_.scheduler->max_num_seqs())
+    return invalid_argument("n: " + std::to_string(request.n) + " exceeds the scheduler's max_num_seqs (" +
+                            std::to_string(components_.scheduler->max_num_seqs()) + ")");
+  if (prompt_len >= max_context_)
+    return out_of_range("prompt: " + std::to_string(prompt_len) + " tokens do not fit the context of " +
+                        std::to_string(max_context_) + " tokens");
+  if (prompt_len + request.params.max_tokens > max_context_)
+    return out_of_range("max_tokens: prompt (" + std::to_string(prompt_len) + " tokens) + max_tokens (" +
+                        std::to_string(request.params.max_tokens) + ") exceeds the context of " +
+                        std::to_string(max_context_) + " tokens");
+  auto r = std::make_shared<Request>();
+  r->id = next_request_id_++;
+  r->spec = std::move(request);
+  *request_id = r->id;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mutex_);
+    inbox_requests_.push_back(std::move(r));
+  }
+  inbox_ready_.notify_one();
+  return Status::ok();
+}
+
+void Engine::cancel(uint64_t request_id) {
+  {
+    std::lock_guard<std::mutex> lock(inbox_mutex_);
+    inbox_cancels_.push_back(request_id);
+  }
+  inbox_ready_.notify_one();
+}
+
+void Engine::drain_inbox() {
+  std::vector<std::shared_ptr<Request>> incoming;
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mutex_);
+    incoming.swap(inbox_requests_);
+    cancels.swap(inbox_cancels_);
+  }
+  const double t = now();
+  for (auto& r : incoming) {
+    auto seq = std::make_unique<Sequence>();
+    seq->request = r;
+    seq->info.id = next_seq_id_++;
+    seq->info.request_id = r->id;
+    seq->info.priority = r->spec.priority;
+    seq->info.arrival_time = t;
+    seq->info.num_prompt_tokens = static_cast<int32_t>(r->spec.prompt.size());
+    seq->info.max_new_tokens = r->spec.params.max_tokens;
+    seq->tokens.reserve(r->spec.prompt.size() + r->spec.params.max_tokens +
+                        components_.num_draft_tokens + 1);
+    seq->tokens = r->spec.prompt;
+    seq->sync_view();
+    seq->pending_forks = r->spec.n - 1;
+    seq->sampler_state.rng = seed_for(r->spec.params, r->id, 0);
+    seq->timings.arrival = t;
+    r->num_open = r->spec.n;
+    requests_[r->id] = r;
+    components_.scheduler->add(&seq->info);
+    sequences_[seq->info.id] = std::move(seq);
+  }
+  for (uint64_t id : cancels) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    for (auto& [sid, seq] : sequences_)
+      if (seq->info.request_id == id && !seq->finished) finish(*seq, FinishReason::kCancelled);
+  }
+}
+
+Engine::Sequence* Engine::find_sequence(SeqId id) {
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? nullptr : it->second.get();
+}
+
+void Engine::emit(Sequence& seq, std::vector<SampledToken> tokens) {
+  const bool report_finish = seq.finished && !seq.finish_reported;
+  if (tokens.empty() && !report_finish) return;
+  if (report_finish) seq.finish_reported = true;
+  if (!seq.request->spec.on_event) return;
+  GenerationEvent ev;
+  ev.request_id = seq.info.request_id;
+  ev.choice = seq.choice;
+  ev.tokens = std::move(tokens);
+  ev.finished = report_finish;
+  ev.finish_reason = report_finish ? seq.finish_reason : FinishReason::kNone;
+  if (report_finish) ev.error = seq.finish_error;
+  ev.num_prompt_tokens = seq.info.num_prompt_tokens;
+  ev.num_cached_prompt_tokens = seq.num_cached_prompt_tokens;
+  ev.timings = &seq.timings;
+  seq.request->spec.on_event(ev);
+}
+
+void Engine::finish(Sequence& seq, FinishReason reason, Status error, bool report_now) {
+  if (seq.finished) return;
+  seq.finished = true;
+  seq.finish_reason = reason;
+  seq.finish_error = std::move(error);
+  seq.info.status = SequenceStatus::kFinished;
+  seq.timings.finished = now();
+  // Children not yet forked will never exist: they finish with the parent.
+  if (seq.pending_forks > 0) seq.request->num_open -= seq.pending_forks;
+  seq.pending_forks = 0;
+  finished_.push_back(seq.info.id);
+  if (report_now) emit(seq, {});
+}
+
+void Engine::append_token(Sequence& seq, const SampledToken& token, std::vector<SampledToken>* emitted) {
+  const SamplingParams& p = seq.request->spec.params;
+  const double t = now();
+  if (seq.timings.first_token < 0) seq.timings.first_token = t;
+  seq.timings.token_times.push_back(t);
+  const bool is_stop_token =
+      (!p.ignore_eos && components_.model->tokenizer().is_end_of_generation(token.token)) ||
+      std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token.token) != p.stop_token_ids.end();
+  if (is_stop_token) {
+    finish(seq, FinishReason::kStop, {}, /*report_now=*/false);
+    return;
+  }
+  seq.tokens.push_back(token.token);
+  seq.sync_view();
+  emitted->push_back(token);
+  if (seq.info.num_generated() >= seq.info.max_new_tokens || seq.info.num_tokens() >= max_context_)
+    finish(seq, FinishReason::kLength, {}, /*report_now=*/false);
+}
+
+void Engine::fork_children(Sequence& parent) {
+  for (int32_t c = 1; c <= parent.pending_forks; ++c) {
+    auto child = std::make_unique<Sequence>();
+    child->request = parent.request;
+    child->choice = c;
+    child->info = parent.info;
+    child->info.id = next_seq_id_++;
+    child->tokens.reserve(parent.tokens.capacity());
+    child->tokens = parent.tokens;
+    child->sync_view();
+    child->num_cached_prompt_tokens = parent.num_cached_prompt_tokens;
+    child->sampler_state.rng = seed_for(parent.request->spec.params, parent.info.request_id, c);
+    child->timings = parent.timings;
+    Status st = components_.kv_cache->fork(parent.info.id, child->info.id);
+    Sequence& ref = *child;
+    sequences_[child->info.id] = std::move(child);
+    if (!st.is_ok()) {
+      finish(ref, FinishReason::kError, st);
+      continue;
+    }
+    // The scheduler sees the child as a running sequence with its prompt computed.
+    components_.scheduler->add(&ref.info);
+  }
+  parent.pending_forks = 0;
+}
+
+bool Engine::step() {
+  drain_inbox();
+  auto& c = components_;
+  plan_.clear();
+  Status st = c.scheduler->schedule(*c.kv_cache, now(), &plan_);
+  if (!st.is_ok()) throw std::runtime_error("scheduler: " + st.message());
+
+  for (const RejectedSequence& r : plan_.rejected)
+    if (Sequence* s = find_sequence(r.id)) finish(*s, FinishReason::kError, r.reason);
+  for (SeqId id : plan_.preempted) {
+    Sequence* s = find_sequence(id);
+    if (!s) continue;
+    // Recompute on resume: the prompt and everything generated so far is fed again.
+    s->drop_drafts();
+    s->info.num_computed_tokens = 0;
+    s->info.status = SequenceStatus::kWaiting;
+    ++s->info.num_preemptions;
+    ++stats_.num_preemptions;
+  }
+
+  block_copies_.clear();
+  c.kv_cache->take_block_copies(&block_copies_);
+  if (!block_copies_.empty()) runner_->copy_blocks(block_copies_);
+
+  runner_batch_.clear();
+  batch_sequences_.clear();
+  int32_t batch_tokens = 0;
+  const double t = now();
+  for (const ScheduledSequence& s : plan_.scheduled) {
+    Sequence* seq = find_sequence(s.id);
+    if (!seq || seq->finished || s.num_new_tokens <= 0) continue;
+    if (seq->timings.first_scheduled < 0) {
+      seq->timings.first_scheduled = t;
+      seq->num_cached_prompt_tokens = seq->info.num_computed_tokens;
+    }
+    seq->info.status = SequenceStatus::kRunning;
+    const int32_t start = seq->info.num_computed_tokens;
+    const bool reaches_end = start + s.num_new_tokens == seq->info.num_tokens();
+    RunnerSequence rs;
+    rs.tokens = seq->tokens.data() + start;
+    rs.num_tokens = s.num_new_tokens;
+    rs.start_position = start;
+    rs.block_table = c.kv_cache->block_table(seq->info.id);
+    rs.num_logit_rows = reaches_end ? 1 + seq->info.num_draft_tokens : 0;
+    runner_batch_.push_back(rs);
+    batch_sequences_.push_back(seq);
+    batch_tokens += s.num_new_tokens;
+  }
+
+  const bool did_work = !runner_batch_.empty() || !plan_.rejected.empty() || !finished_.empty();
+  if (!runner_batch_.empty()) {
+    st = runner_->forward(runner_batch_, &logits_);
+    if (!st.is_ok()) {
+      for (Sequence* seq : batch_sequences_) finish(*seq, FinishReason::kError, st);
+    } else {
+      const int32_t vocab = runner_->vocab_size();
+      size_t row = 0;
+      for (size_t i = 0; i < batch_sequences_.size(); ++i) {
+        Sequence& seq = *batch_sequences_[i];
+        const RunnerSequence& rs = runner_batch_[i];
+        if (seq.finished) { row += rs.num_logit_rows; continue; }  // cancelled by a callback
+        if (rs.num_logit_rows == 0) {
+          seq.info.num_computed_tokens += rs.num_tokens;
+          c.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
+          continue;
+        }
+        const SamplingParams& p = seq.request->spec.params;
+        const int32_t num_drafts = seq.info.num_draft_tokens;
+        float* first_row = logits_.data() + row * vocab;
+        row += rs.num_logit_rows;
+        if (seq.pending_forks > 0) {
+          // The prompt is done: children share its KV and sample from copies of this row.
+          seq.info.num_computed_tokens += rs.num_tokens;
+          c.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
+          const int32_t forks = seq.pending_forks;
+          const SeqId first_child = next_seq_id_;
+          fork_children(seq);
+          for (int32_t k = 0; k < forks; ++k) {
+            Sequence* child = find_sequence(first_child + k);
+            if (!child || child->finished) continue;
+            std::vector<float> row_copy(first_row, first_row + vocab);
+            SampledToken tok;
+            SamplingInput in{&p, child->info.tokens};
+            Status ss = c.sampler->sample(row_copy, in, &child->sampler_state, &tok);
+            if (!ss.is_ok()) { finish(*child, FinishReason::kError, ss); continue; }
+            std::vector<SampledToken> out;
+            append_token(*child, tok, &out);
+            emit(*child, std::move(out));
+          }
+          SampledToken tok;
+          SamplingInput in{&p, seq.info.tokens};
+          Status ss = c.sampler->sample(std::span<float>(first_row, vocab), in, &seq.sampler_state, &tok);
+          if (!ss.is_ok()) { finish(seq, FinishReason::kError, ss); continue; }
+          std::vector<SampledToken> out;
+          append_token(seq, tok, &out);
+          emit(seq, std::move(out));
+          continue;
+        }
+        std::vector<SampledToken> sampled;
+        Status ss;
+        if (num_drafts == 0) {
+          SampledToken tok;
+          SamplingInput in{&p, seq.info.tokens};
+          ss = c.sampler->sample(std::span<float>(first_row, vocab), in, &seq.sampler_state, &tok);
+          sampled.push_back(std::move(tok));
+          seq.info.num_computed_tokens += rs.num_tokens;
+        } else {
+          std::vector<TokenId> drafts(seq.tokens.end() - num_drafts, seq.tokens.end());
+          seq.drop_drafts();
+          std::vector<std::span<float>> rows;
+          for (int32_t k = 0; k <= num_drafts; ++k)
+            rows.emplace_back(first_row + static_cast<size_t>(k) * vocab, vocab);
+          SamplingInput in{&p, seq.info.tokens};
+          ss = c.sampler->verify(rows, drafts, in, &seq.sampler_state, &sampled);
+          const int32_t accepted = static_cast<int32_t>(sampled.size()) - 1;
+          stats_.num_draft_tokens += num_drafts;
+          stats_.num_accepted_draft_tokens += std::max(0, accepted);
+          // K/V is valid for the fed token and the accepted drafts only.
+          seq.info.num_computed_tokens += rs.num_tokens - num_drafts + std::max(0, accepted);
+        }
+        c.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
+        if (!ss.is_ok()) { finish(seq, FinishReason::kError, ss); continue; }
+        std::vector<SampledToken> out;
+        for (const SampledToken& tok : sampled) {
+          append_token(seq, tok, &out);
+          if (seq.finished) break;
+        }
+        // Tokens and, when the sequence ended, its finish reason in one event.
+        emit(seq, std::move(out));
+      }
+    }
+    ++stats_.num_steps;
+    stats_.num_batch_tokens += batch_tokens;
+    stats_.last_batch_size = static_cast<int32_t>(runner_batch_.size());
+    stats_.last_batch_tokens = batch_tokens;
+  }
+  if (c.drafter && c.num_draft_tokens > 0) propose_drafts();
+  release_finished();
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.num_running = c.scheduler->num_running();
+    stats_.num_waiting = c.scheduler->num_waiting();
+    stats_.kv = c.kv_cache->stats();
+    published_stats_ = stats_;
+  }
+  return did_work;
+}
+
+void Engine::propose_drafts() {
+  std::vector<TokenId> drafts;
+  for (Sequence* seq : batch_sequences_) {
+    if (seq->finished || seq->info.is_prefill() || seq->info.num_draft_tokens > 0) continue;
+    const int32_t room = std::min(components_.num_draft_tokens,
+                                  std::min(seq->info.max_new_tokens - seq->info.num_generated() - 1,
+                                           max_context_ - seq->info.num_tokens() - 1));
+    if (room <= 0) continue;
+    drafts.clear();
+    Status st = components_.drafter->propose(seq->info, room, &drafts);
+    if (!st.is_ok() || drafts.empty()) continue;
+    drafts.resize(std::min<size_t>(drafts.size(), room));
+    seq->tokens.insert(seq->tokens.end(), drafts.begin(), drafts.end());
+    seq->info.num_draft_tokens = static_cast<int32_t>(drafts.size());
+    seq->sync_view();
+  }
+}
+
+void Engine::release_finished() {
+  for (SeqId id : finished_) {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) continue;
+    Sequence& seq = *it->second;
+    components_.scheduler->remove(id);
+    components_.kv_cache->free(id);
+    if (components_.drafter) components_.drafter->forget(id);
+    ++stats_.num_finished;
+    auto req = seq.request;
+    sequences_.erase(it);
+    if (--req->num_open <= 0) requests_.erase(req->id);
+  }
+  finished_.clear();
+}
+
+void Engine::run_until_idle() {
+  for (;;) {
+    const bool worked = step();
+    bool empty;
+    {
+      std::lock_guard<std::mutex> lock(inbox_mutex_);
+      empty = inbox_requests_.empty() && inbox_cancels_.empty();
+    }
+    if (!worked && empty && sequences_.empty()) return;
+  }
+}
+
+void Engine::start() {
+  if (running_.exchange(true)) return;
+  loop_ = std::thread([this] {
+    while (running_) {
+      const bool worked = step();
+      if (!worked && sequences_.empty()) {
+        std::unique_lock<std::mutex> lock(inbox_mutex_);
+        inbox_ready_.wait_for(lock, std::chrono::milliseconds(50), [this] {
+          return !running_ || !inbox_requests_.empty() || !inbox_cancels_.empty();
+        });
+      }
+    }
+  });
+}
+
+void Engine::stop() {
+  if (!running_.exchange(false)) return;
+  inbox_ready_.notify_all();
+  if (loop_.joinable()) loop_.join();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  return published_stats_;
+}
+
+}  // namespace tessera

@@ -1,0 +1,160 @@
+#include "tessera/model.h"
+
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
+
+#include "tessera/ggml_types.h"
+
+namespace tessera {
+namespace {
+
+// What differs between members of the Llama family. Everything else (RMSNorm, GQA, SwiGLU,
+// tied or untied output) is shared.
+struct ArchitectureSpec {
+  const char* name;
+  bool rope_neox;  // NeoX-style RoPE (rotate halves) instead of adjacent pairs
+};
+
+constexpr ArchitectureSpec kArchitectures[] = {
+    {"llama", false},
+    {"mistral", false},
+    {"qwen2", true},
+};
+
+const ArchitectureSpec* find_architecture(const std::string& name) {
+  for (const auto& a : kArchitectures)
+    if (name == a.name) return &a;
+  return nullptr;
+}
+
+std::string supported_architectures() {
+  std::string s;
+  for (const auto& a : kArchitectures) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  return s;
+}
+
+[[noreturn]] void fail(const gguf::GgufFile& f, const std::string& what) {
+  throw std::runtime_error(f.path() + ": " + what);
+}
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// A 1-D tensor (norm weights, biases) converted to float.
+std::vector<float> load_vector(const gguf::GgufFile& f, const std::string& name, int64_t n) {
+  const gguf::TensorInfo& t = f.tensor(name);
+  if (t.dims.size() != 1 || t.dims[0] != n)
+    fail(f, "tensor '" + name + "' has shape " + dims_text(t.dims) + ", expected [" +
+                std::to_string(n) + "]");
+  std::vector<float> out(n);
+  if (!dequantize_row(t.type, t.data, out.data(), n))
+    fail(f, "tensor '" + name + "' has unsupported type " + ggml_type_name(t.type));
+  return out;
+}
+
+std::vector<float> load_optional_vector(const gguf::GgufFile& f, const std::string& name,
+                                        int64_t n) {
+  if (!f.find_tensor(name)) return {};
+  return load_vector(f, name, n);
+}
+
+}  // namespace
+
+std::shared_ptr<Model> Model::load(const std::string& path, Quantizer& quantizer,
+                                   const ProgressFn& progress) {
+  auto model = std::shared_ptr<Model>(new Model());
+  model->file_ = gguf::GgufFile::open(path);
+  const gguf::GgufFile& f = *model->file_;
+  ModelHparams& hp = model->hparams_;
+
+  hp.architecture = f.get_string("general.architecture");
+  const ArchitectureSpec* arch = find_architecture(hp.architecture);
+  if (!arch)
+    fail(f, "unsupported architecture '" + hp.architecture + "' (supported: " +
+                supported_architectures() + ")");
+  const std::string p = hp.architecture + ".";
+  auto get_int = [&](const std::string& key) { return static_cast<int32_t>(f.get_uint(p + key)); };
+  hp.num_layers = get_int("block_count");
+  hp.embedding_dim = get_int("embedding_length");
+  hp.ffn_dim = get_int("feed_forward_length");
+  hp.num_heads = get_int("attention.head_count");
+  hp.num_kv_heads = static_cast<int32_t>(f.opt_uint(p + "attention.head_count_kv").value_or(hp.num_heads));
+  hp.context_length = static_cast<int32_t>(f.opt_uint(p + "context_length").value_or(2048));
+  hp.rms_eps = static_cast<float>(f.opt_float(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  if (hp.num_layers <= 0 || hp.embedding_dim <= 0 || hp.num_heads <= 0 || hp.num_kv_heads <= 0 ||
+      hp.ffn_dim <= 0 || hp.embedding_dim % hp.num_heads != 0 || hp.num_heads % hp.num_kv_heads != 0)
+    fail(f, "inconsistent hyperparameters (layers " + std::to_string(hp.num_layers) + ", embedding " +
+                std::to_string(hp.embedding_dim) + ", heads " + std::to_string(hp.num_heads) +
+                ", kv heads " + std::to_string(hp.num_kv_heads) + ")");
+  hp.head_dim = static_cast<int32_t>(
+      f.opt_uint(p + "attention.key_length").value_or(hp.embedding_dim / hp.num_heads));
+  hp.rope.head_dim = hp.head_dim;
+  hp.rope.rotary_dim = static_cast<int32_t>(f.opt_uint(p + "rope.dimension_count").value_or(hp.head_dim));
+  hp.rope.freq_base = static_cast<float>(f.opt_float(p + "rope.freq_base").value_or(10000.0));
+  hp.rope.neox = arch->rope_neox;
+  if (auto type = f.opt_string(p + "rope.scaling.type"); type && *type == "linear") {
+    const double factor = f.opt_float(p + "rope.scaling.factor").value_or(1.0);
+    if (factor > 0) hp.rope.freq_scale = static_cast<float>(1.0 / factor);
+  }
+  if (hp.rope.rotary_dim <= 0 || hp.rope.rotary_dim > hp.head_dim || hp.rope.rotary_dim % 2)
+    fail(f, "invalid rope.dimension_count " + std::to_string(hp.rope.rotary_dim));
+  if (f.find_tensor("rope_freqs.weight"))
+    fail(f, "per-dimension RoPE frequency factors (rope_freqs.weight) are not supported yet");
+
+  model->tokenizer_ = Tokenizer::from_gguf(f);
+  hp.vocab_size = model->tokenizer_->vocab_size();
+  model->chat_template_ = f.opt_string("tokenizer.chat_template").value_or("");
+  model->name_ = std::filesystem::path(path).stem().string();
+
+  // Count the 2-D weights for progress reporting.
+  const bool tied = f.find_tensor("output.weight") == nullptr;
+  const size_t total = 1 + (tied ? 0 : 1) + 7 * static_cast<size_t>(hp.num_layers);
+  size_t done = 0;
+  auto prepare = [&](const std::string& name, int64_t cols, int64_t rows) {
+    const gguf::TensorInfo& t = f.tensor(name);
+    if (t.dims.size() != 2 || t.dims[0] != cols || t.dims[1] != rows)
+      fail(f, "tensor '" + name + "' has shape " + dims_text(t.dims) + ", expected [" +
+                  std::to_string(cols) + ", " + std::to_string(rows) + "]");
+    if (!quantizer.supports(static_cast<uint32_t>(t.type)))
+      fail(f, "tensor '" + name + "' has type " + ggml_type_name(t.type) +
+                  ", which the configured quantizer does not support");
+    WeightView view{t.name.c_str(), static_cast<uint32_t>(t.type), cols, rows, t.data, t.num_bytes};
+    std::unique_ptr<PreparedWeight> w;
+    Status st = quantizer.prepare(view, &w);
+    if (!st.is_ok()) fail(f, "cannot prepare tensor '" + name + "': " + st.message());
+    model->weight_bytes_ += w->num_bytes();
+    if (progress) progress(++done, total);
+    return w;
+  };
+
+  const int64_t d = hp.embedding_dim;
+  const int64_t q_dim = static_cast<int64_t>(hp.num_heads) * hp.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(hp.num_kv_heads) * hp.head_dim;
+  model->token_embd_ = prepare("token_embd.weight", d, hp.vocab_size);
+  if (!tied) model->output_ = prepare("output.weight", d, hp.vocab_size);
+  model->output_norm_ = load_vector(f, "output_norm.weight", d);
+  model->layers_.resize(hp.num_layers);
+  for (int32_t i = 0; i < hp.num_layers; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    LayerWeights& l = model->layers_[i];
+    l.attn_norm = load_vector(f, b + "attn_norm.weight", d);
+    l.ffn_norm = load_vector(f, b + "ffn_norm.weight", d);
+    l.wq = prepare(b + "attn_q.weight", d, q_dim);
+    l.wk = prepare(b + "attn_k.weight", d, kv_dim);
+    l.wv = prepare(b + "attn_v.weight", d, kv_dim);
+    l.wo = prepare(b + "attn_output.weight", q_dim, d);
+    l.bq = load_optional_vector(f, b + "attn_q.bias", q_dim);
+    l.bk = load_optional_vector(f, b + "attn_k.bias", kv_dim);
+    l.bv = load_optional_vector(f, b + "attn_v.bias", kv_dim);
+    l.w_gate = prepare(b + "ffn_gate.weight", d, hp.ffn_dim);
+    l.w_up = prepare(b + "ffn_up.weight", d, hp.ffn_dim);
+    l.w_down = prepare(b + "ffn_down.weight", hp.ffn_dim, d);
+  }
+  return model;
+}
+
+}  // namespace tessera

@@ -1,0 +1,188 @@
+#include "tessera/model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace tessera {
+
+ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quantizer,
+                         AttentionKernel& attention, const KvLayout& layout,
+                         int32_t max_batch_tokens)
+    : model_(model), backend_(backend), quantizer_(quantizer), attention_(attention),
+      layout_(layout) {
+  const ModelHparams& hp = model.hparams();
+  attention_shape_.num_heads = hp.num_heads;
+  attention_shape_.num_kv_heads = hp.num_kv_heads;
+  attention_shape_.head_dim = hp.head_dim;
+  attention_shape_.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  attention_shape_.block_size = layout.block_size;
+  attention_shape_.kv_dtype = layout.dtype;
+
+  block_stride_bytes_ = static_cast<size_t>(layout.block_size) * hp.num_kv_heads * hp.head_dim *
+                        kv_dtype_size(layout.dtype);
+  const size_t layer_bytes = block_stride_bytes_ * static_cast<size_t>(layout.num_blocks);
+  for (int32_t l = 0; l < hp.num_layers; ++l) {
+    void* k = backend.allocate(layer_bytes);
+    void* v = backend.allocate(layer_bytes);
+    if (!k || !v) {
+      if (k) backend.release(k);
+      if (v) backend.release(v);
+      for (void* p : k_pools_) backend.release(p);
+      for (void* p : v_pools_) backend.release(p);
+      throw std::runtime_error("cannot allocate the KV pool: " +
+                               std::to_string(2 * layer_bytes * hp.num_layers) + " bytes on " +
+                               backend.device_name());
+    }
+    k_pools_.push_back(k);
+    v_pools_.push_back(v);
+  }
+  kv_pool_bytes_ = 2 * layer_bytes * hp.num_layers;
+  ensure_capacity(std::max(1, max_batch_tokens), 1);
+}
+
+ModelRunner::~ModelRunner() {
+  for (void* p : k_pools_) backend_.release(p);
+  for (void* p : v_pools_) backend_.release(p);
+}
+
+void ModelRunner::ensure_capacity(int32_t num_rows, int32_t num_logit_rows) {
+  const ModelHparams& hp = model_.hparams();
+  if (num_rows > capacity_rows_) {
+    const size_t r = static_cast<size_t>(num_rows);
+    x_.resize(r * hp.embedding_dim);
+    h_.resize(r * hp.embedding_dim);
+    q_.resize(r * hp.num_heads * hp.head_dim);
+    attn_.resize(r * hp.num_heads * hp.head_dim);
+    k_.resize(r * hp.num_kv_heads * hp.head_dim);
+    v_.resize(r * hp.num_kv_heads * hp.head_dim);
+    gate_.resize(r * hp.ffn_dim);
+    up_.resize(r * hp.ffn_dim);
+    positions_.resize(r);
+    slots_.resize(r);
+    capacity_rows_ = num_rows;
+  }
+  if (num_logit_rows > capacity_logit_rows_) {
+    logit_in_.resize(static_cast<size_t>(num_logit_rows) * hp.embedding_dim);
+    capacity_logit_rows_ = num_logit_rows;
+  }
+}
+
+void ModelRunner::matmul(const PreparedWeight& w, const float* x, int64_t rows, float* y) {
+  quantizer_.matmul(w, x, rows, y, backend_.executor());
+}
+
+void ModelRunner::add_bias(float* y, const std::vector<float>& bias, int64_t rows) {
+  if (bias.empty()) return;
+  const int64_t n = static_cast<int64_t>(bias.size());
+  for (int64_t r = 0; r < rows; ++r) backend_.add(y + r * n, bias.data(), n);
+}
+
+Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vector<float>* logits) {
+  const ModelHparams& hp = model_.hparams();
+  int32_t num_rows = 0;
+  int32_t num_logit_rows = 0;
+  for (const auto& s : sequences) {
+    if (s.num_tokens <= 0 || s.num_logit_rows > s.num_tokens)
+      return invalid_argument("runner: a sequence must feed at least one token and request at most that many logit rows");
+    const int32_t context = s.start_position + s.num_tokens;
+    const int64_t blocks_needed = (context + layout_.block_size - 1) / layout_.block_size;
+    if (static_cast<int64_t>(s.block_table.size()) < blocks_needed)
+      return internal_error("runner: block table has " + std::to_string(s.block_table.size()) +
+                            " blocks, context of " + std::to_string(context) + " tokens needs " +
+                            std::to_string(blocks_needed));
+    num_rows += s.num_tokens;
+    num_logit_rows += s.num_logit_rows;
+  }
+  if (num_rows == 0) return Status::ok();
+  ensure_capacity(num_rows, std::max(1, num_logit_rows));
+
+  // Embeddings, positions, KV slots and the attention view of each sequence.
+  const int64_t d = hp.embedding_dim;
+  attention_sequences_.clear();
+  int32_t row = 0;
+  for (const auto& s : sequences) {
+    attention_sequences_.push_back({row, s.num_tokens, s.start_position + s.num_tokens,
+                                    s.block_table.data()});
+    for (int32_t i = 0; i < s.num_tokens; ++i, ++row) {
+      const TokenId t = s.tokens[i];
+      if (t < 0 || t >= hp.vocab_size)
+        return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                                std::to_string(hp.vocab_size - 1) + ")");
+      quantizer_.dequantize_row(model_.token_embedding(), t, x_.data() + row * d);
+      const int32_t pos = s.start_position + i;
+      positions_[row] = pos;
+      slots_[row] = s.block_table[pos / layout_.block_size] * layout_.block_size +
+                    pos % layout_.block_size;
+    }
+  }
+
+  const int64_t kv_dim = static_cast<int64_t>(hp.num_kv_heads) * hp.head_dim;
+  AttentionBatch batch;
+  batch.sequences = attention_sequences_;
+  batch.q = q_.data();
+  batch.out = attn_.data();
+  for (int32_t l = 0; l < hp.num_layers; ++l) {
+    const LayerWeights& w = model_.layers()[l];
+    backend_.rms_norm(h_.data(), x_.data(), w.attn_norm.data(), num_rows, d, hp.rms_eps);
+    matmul(*w.wq, h_.data(), num_rows, q_.data());
+    matmul(*w.wk, h_.data(), num_rows, k_.data());
+    matmul(*w.wv, h_.data(), num_rows, v_.data());
+    add_bias(q_.data(), w.bq, num_rows);
+    add_bias(k_.data(), w.bk, num_rows);
+    add_bias(v_.data(), w.bv, num_rows);
+    backend_.rope(q_.data(), positions_.data(), num_rows, hp.num_heads, hp.rope);
+    backend_.rope(k_.data(), positions_.data(), num_rows, hp.num_kv_heads, hp.rope);
+    backend_.store_kv(k_pools_[l], layout_.dtype, k_.data(), slots_.data(), num_rows, kv_dim);
+    backend_.store_kv(v_pools_[l], layout_.dtype, v_.data(), slots_.data(), num_rows, kv_dim);
+    batch.k_pool = k_pools_[l];
+    batch.v_pool = v_pools_[l];
+    Status st = attention_.forward(attention_shape_, batch, backend_.executor());
+    if (!st.is_ok()) return st;
+    matmul(*w.wo, attn_.data(), num_rows, h_.data());
+    backend_.add(x_.data(), h_.data(), static_cast<int64_t>(num_rows) * d);
+
+    backend_.rms_norm(h_.data(), x_.data(), w.ffn_norm.data(), num_rows, d, hp.rms_eps);
+    matmul(*w.w_gate, h_.data(), num_rows, gate_.data());
+    matmul(*w.w_up, h_.data(), num_rows, up_.data());
+    backend_.silu_mul(gate_.data(), up_.data(), static_cast<int64_t>(num_rows) * hp.ffn_dim);
+    matmul(*w.w_down, gate_.data(), num_rows, h_.data());
+    backend_.add(x_.data(), h_.data(), static_cast<int64_t>(num_rows) * d);
+  }
+
+  // Logits only for the rows that will be sampled.
+  if (num_logit_rows == 0) return Status::ok();
+  int32_t out_row = 0;
+  row = 0;
+  for (const auto& s : sequences) {
+    const int32_t first = row + s.num_tokens - s.num_logit_rows;
+    std::memcpy(logit_in_.data() + static_cast<size_t>(out_row) * d,
+                x_.data() + static_cast<size_t>(first) * d,
+                sizeof(float) * d * s.num_logit_rows);
+    out_row += s.num_logit_rows;
+    row += s.num_tokens;
+  }
+  backend_.rms_norm(logit_in_.data(), logit_in_.data(), model_.output_norm().data(),
+                    num_logit_rows, d, hp.rms_eps);
+  const size_t needed = static_cast<size_t>(num_logit_rows) * hp.vocab_size;
+  if (logits->size() < needed) logits->resize(needed);
+  matmul(model_.output(), logit_in_.data(), num_logit_rows, logits->data());
+  return Status::ok();
+}
+
+void ModelRunner::copy_blocks(std::span<const BlockCopy> copies) {
+  for (const BlockCopy& c : copies) {
+    for (size_t l = 0; l < k_pools_.size(); ++l) {
+      auto* k = static_cast<uint8_t*>(k_pools_[l]);
+      auto* v = static_cast<uint8_t*>(v_pools_[l]);
+      backend_.copy_on_device(k + c.dst * block_stride_bytes_, k + c.src * block_stride_bytes_,
+                              block_stride_bytes_);
+      backend_.copy_on_device(v + c.dst * block_stride_bytes_, v + c.src * block_stride_bytes_,
+                              block_stride_bytes_);
+    }
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,211 @@
+// sampler.standard: the llama.cpp sampling chain — penalties (repetition, presence,
+// frequency), then top-k, top-p, min-p, temperature and a draw from the softmax — or argmax
+// when temperature is 0. Draws come from a per-sequence counter-based random stream, so a
+// seeded request samples the same tokens whatever else shares its batch.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <unordered_map>
+#include <vector>
+
+#include "tessera/sdk.h"
+
+namespace tessera {
+namespace {
+
+// splitmix64: a tiny, high-quality generator whose whole state is one integer, which the
+// engine keeps per sequence (SamplerState::rng).
+uint64_t next_random(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+// Uniform in [0, 1) with 53 bits.
+double next_uniform(uint64_t* state) { return (next_random(state) >> 11) * 0x1.0p-53; }
+
+struct Candidate {
+  TokenId token;
+  float logit;
+};
+
+class StandardSampler final : public Sampler {
+ public:
+  Status sample(std::span<float> logits, const SamplingInput& input, SamplerState* state,
+                SampledToken* out) override {
+    const SamplingParams& p = *input.params;
+    fill_logprobs(logits, p.num_logprobs, out);
+    apply_penalties(logits, input);
+    out->token = p.is_greedy() ? argmax(logits) : draw(logits, p, state);
+    out->logprob = logprob_of(out->token);
+    return Status::ok();
+  }
+
+  Status verify(std::span<const std::span<float>> logits, std::span<const TokenId> drafts,
+                const SamplingInput& input, SamplerState* state,
+                std::vector<SampledToken>* out) override {
+    if (logits.size() != drafts.size() + 1)
+      return invalid_argument("verify: need one more logits row than drafts");
+    const SamplingParams& p = *input.params;
+    std::vector<TokenId> history(input.history.begin(), input.history.end());
+    for (size_t i = 0; i <= drafts.size(); ++i) {
+      SamplingInput step{&p, history};
+      SampledToken token;
+      std::span<float> row = logits[i];
+      fill_logprobs(row, p.num_logprobs, &token);
+      apply_penalties(row, step);
+      if (i == drafts.size()) {
+        // Every draft accepted: the bonus token comes from the last row.
+        token.token = p.is_greedy() ? argmax(row) : draw(row, p, state);
+      } else if (p.is_greedy()) {
+        token.token = argmax(row);
+      } else {
+        // Rejection sampling with a deterministic proposal (q = one-hot at the draft):
+        // accept with probability p(draft); otherwise sample from p with the draft removed,
+        // which is the normalized max(p - q, 0). The output distribution equals p.
+        const std::vector<float>& probs = filtered_probs(row, p);
+        const double accept = probs[drafts[i]];
+        if (next_uniform(&state->rng) < accept) {
+          token.token = drafts[i];
+        } else {
+          std::vector<float> residual = probs;
+          residual[drafts[i]] = 0.0f;
+          token.token = draw_from(residual, state);
+        }
+      }
+      token.logprob = logprob_of(token.token);
+      out->push_back(token);
+      if (i == drafts.size() || token.token != drafts[i]) break;
+      history.push_back(token.token);
+    }
+    return Status::ok();
+  }
+
+  static Status create(const PluginConfig&, const PluginContext&, std::unique_ptr<Sampler>* out) {
+    *out = std::make_unique<StandardSampler>();
+    return Status::ok();
+  }
+
+ private:
+  static TokenId argmax(std::span<const float> logits) {
+    return static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+
+  // Log-softmax of the raw logits (before penalties and filters), as OpenAI reports them.
+  void fill_logprobs(std::span<const float> logits, int32_t num_top, SampledToken* out) {
+    const float max = *std::max_element(logits.begin(), logits.end());
+    double sum = 0.0;
+    for (float l : logits) sum += std::exp(static_cast<double>(l - max));
+    log_norm_ = max + static_cast<float>(std::log(sum));
+    raw_logits_.assign(logits.begin(), logits.end());
+    out->top.clear();
+    if (num_top <= 0) return;
+    const size_t k = std::min<size_t>(num_top, logits.size());
+    index_.resize(logits.size());
+    std::iota(index_.begin(), index_.end(), 0);
+    std::partial_sort(index_.begin(), index_.begin() + k, index_.end(),
+                      [&](TokenId a, TokenId b) { return logits[a] > logits[b]; });
+    for (size_t i = 0; i < k; ++i) out->top.push_back({index_[i], logits[index_[i]] - log_norm_});
+  }
+  float logprob_of(TokenId token) const { return raw_logits_[token] - log_norm_; }
+
+  // llama.cpp's penalties over the last penalty_last_n tokens of the history.
+  void apply_penalties(std::span<float> logits, const SamplingInput& input) {
+    const SamplingParams& p = *input.params;
+    if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f)
+      return;
+    size_t n = input.history.size();
+    if (p.penalty_last_n >= 0) n = std::min(n, static_cast<size_t>(p.penalty_last_n));
+    counts_.clear();
+    for (size_t i = input.history.size() - n; i < input.history.size(); ++i) ++counts_[input.history[i]];
+    for (const auto& [token, count] : counts_) {
+      if (token < 0 || static_cast<size_t>(token) >= logits.size()) continue;
+      float& l = logits[token];
+      if (p.repetition_penalty != 1.0f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+      l -= static_cast<float>(count) * p.frequency_penalty + (count > 0 ? p.presence_penalty : 0.0f);
+    }
+  }
+
+  // top-k, top-p, min-p and temperature; returns probabilities over the whole vocabulary
+  // (zero outside the kept set).
+  const std::vector<float>& filtered_probs(std::span<const float> logits, const SamplingParams& p) {
+    candidates_.resize(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) candidates_[i] = {static_cast<TokenId>(i), logits[i]};
+    auto by_logit = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit; };
+    size_t keep = candidates_.size();
+    if (p.top_k > 0 && static_cast<size_t>(p.top_k) < keep) {
+      keep = p.top_k;
+      std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+    } else {
+      std::sort(candidates_.begin(), candidates_.end(), by_logit);
+    }
+    candidates_.resize(keep);
+    // Softmax at temperature 1 for the top-p / min-p cuts, as llama.cpp's chain does.
+    auto softmax = [&](float temperature) {
+      probs_sorted_.resize(candidates_.size());
+      const float max = candidates_[0].logit;
+      double sum = 0.0;
+      for (size_t i = 0; i < candidates_.size(); ++i) {
+        probs_sorted_[i] = std::exp((candidates_[i].logit - max) / temperature);
+        sum += probs_sorted_[i];
+      }
+      for (float& v : probs_sorted_) v = static_cast<float>(v / sum);
+    };
+    softmax(1.0f);
+    if (p.top_p < 1.0f) {
+      double cum = 0.0;
+      size_t last = candidates_.size();
+      for (size_t i = 0; i < candidates_.size(); ++i) {
+        cum += probs_sorted_[i];
+        if (cum >= p.top_p) { last = i + 1; break; }
+      }
+      candidates_.resize(std::max<size_t>(1, last));
+      probs_sorted_.resize(candidates_.size());
+    }
+    if (p.min_p > 0.0f) {
+      const float threshold = probs_sorted_[0] * p.min_p;
+      size_t last = 1;
+      while (last < candidates_.size() && probs_sorted_[last] >= threshold) ++last;
+      candidates_.resize(last);
+    }
+    softmax(std::max(p.temperature, 1e-6f));
+    probs_.assign(logits.size(), 0.0f);
+    for (size_t i = 0; i < candidates_.size(); ++i) probs_[candidates_[i].token] = probs_sorted_[i];
+    return probs_;
+  }
+
+  TokenId draw_from(const std::vector<float>& probs, SamplerState* state) {
+    double total = 0.0;
+    for (float v : probs) total += v;
+    double r = next_uniform(&state->rng) * total;
+    TokenId last_nonzero = 0;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      if (probs[i] <= 0.0f) continue;
+      last_nonzero = static_cast<TokenId>(i);
+      r -= probs[i];
+      if (r < 0) return last_nonzero;
+    }
+    return last_nonzero;  // rounding left r >= 0: the last candidate
+  }
+
+  TokenId draw(std::span<const float> logits, const SamplingParams& p, SamplerState* state) {
+    return draw_from(filtered_probs(logits, p), state);
+  }
+
+  // Scratch reused across calls (one sampler serves one engine thread).
+  std::vector<Candidate> candidates_;
+  std::vector<float> probs_sorted_, probs_, raw_logits_;
+  std::vector<TokenId> index_;
+  std::unordered_map<TokenId, int32_t> counts_;
+  float log_norm_ = 0.0f;
+};
+
+}  // namespace
+}  // namespace tessera
+
+TESSERA_REGISTER_PLUGIN(tessera::StandardSampler, tessera::Sampler, "standard", "0.1.0",
+                        "greedy, temperature, top-k, top-p, min-p, penalties; seeded",
+                        TESSERA_NO_PARAMS)
