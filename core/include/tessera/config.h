@@ -1,0 +1,95 @@
+// Stack configuration: one YAML file (optionally `extends:` a base file) describing the model,
+// the engine's plugin slots, the gateway and the server. Every key is validated against the
+// plugin schemas before anything runs; all errors are gathered and reported together as
+// `file:line:col: key.path: message`.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tessera/plugin_registry.h"
+#include "tessera/sdk/params.h"
+#include "tessera/sdk/plugin.h"
+
+namespace tessera {
+
+struct ConfigIssue {
+  std::string file;
+  int line = 0;    // 1-based; 0 when unknown
+  int column = 0;  // 1-based
+  std::string key_path;  // e.g. "engine.scheduler.max_num_seqs"
+  std::string message;   // e.g. "expected a positive integer, got \"abc\""
+  std::string to_string() const;  // "file:line:col: key_path: message"
+};
+
+class ConfigError : public std::runtime_error {
+ public:
+  explicit ConfigError(std::vector<ConfigIssue> issues);
+  const std::vector<ConfigIssue>& issues() const { return issues_; }
+
+ private:
+  std::vector<ConfigIssue> issues_;
+};
+
+// One plugin slot: `{plugin: NAME, ...params}` validated against NAME's schema.
+struct PluginSlot {
+  std::string plugin;
+  PluginConfig config;      // typed values with defaults filled in
+  std::string file;         // the YAML file that set the slot (for messages)
+};
+
+struct ModelConfig {
+  std::string path;         // a model name from the model cache or a .gguf file path
+  std::string name;         // served model id; defaults to the file stem
+  int threads = 0;          // 0: all hardware threads
+  int context_length = 0;   // 0: the model's, capped at 4096
+};
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::vector<std::string> api_keys;
+};
+
+struct StackConfig {
+  std::string file;                                 // the file loaded (after extends)
+  std::vector<std::string> plugin_paths;
+  ModelConfig model;
+  std::map<PluginKind, PluginSlot> engine;          // every engine kind present, defaults filled
+  std::vector<PluginSlot> cache_layers;             // gateway.cache, in order
+  std::optional<PluginSlot> router;                 // gateway.router
+  ServerConfig server;
+};
+
+// The plugin each engine slot uses when the file does not name one.
+const char* default_engine_plugin(PluginKind kind);  // nullptr: slot off by default (drafter)
+
+// Loads, merges `extends:` chains (a child's maps merge into the base's, other values
+// replace), scans `plugin_paths:` into the registry, and validates everything. Throws
+// ConfigError listing every problem found.
+StackConfig load_stack_config(const std::string& path, PluginRegistry& registry);
+
+// Validates params of one plugin from a YAML mapping text (tests, CLI overrides).
+PluginConfig validate_plugin_params(const PluginManifest& manifest, const std::string& key_path,
+                                    const std::string& yaml_text);
+
+// What a parameter accepts, as used in messages and `tessera plugins`: "an integer >= 1",
+// "a size in [1MiB, 1GiB] (e.g. ...)", "one of: f16, f32".
+std::string describe_param_expectation(const ParamSpec& spec);
+// A validated value as text in the parameter's own syntax (sizes as 256MiB, durations as 10s).
+std::string format_param_value(const ParamSpec& spec, const ParamValue& value);
+
+// Where models are cached: $TESSERA_MODEL_DIR or ~/.cache/tessera/models.
+std::string model_cache_dir();
+// Resolves a ModelConfig::path: an existing file as is, else <cache>/<name> or
+// <cache>/<name>.gguf, or a known alias (e.g. "smollm2-135m-instruct-q4_1"). Throws
+// std::runtime_error saying how to fetch the model when not found.
+std::string resolve_model_path(const std::string& path_or_name);
+// Same, but a relative file path is tried relative to `config_dir` (the directory of the
+// config file that named it) before the working directory.
+std::string resolve_model_path(const std::string& path_or_name, const std::string& config_dir);
+
+}  // namespace tessera

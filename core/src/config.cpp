@@ -1,0 +1,1099 @@
+// Stack configuration: YAML loading with `extends:`, merging, and validation of every key
+// against the plugin schemas, gathering all problems before reporting them.
+//
+// The files are first turned into a small tree of our own (Tree) that remembers, for every
+// key and value, the file and line:col it came from; merging `extends:` chains works on that
+// tree, so a message about a key set in a base file still points into the base file.
+#include "tessera/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <set>
+#include <sstream>
+#include <system_error>
+#include <tuple>
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+// --- ConfigIssue / ConfigError ------------------------------------------------------------
+
+std::string ConfigIssue::to_string() const {
+  std::string out;
+  if (!file.empty()) {
+    out += file;
+    if (line > 0) out += ":" + std::to_string(line) + ":" + std::to_string(column);
+    out += ": ";
+  }
+  if (!key_path.empty()) out += key_path + ": ";
+  out += message;
+  return out;
+}
+
+namespace {
+std::string join_issues(const std::vector<ConfigIssue>& issues) {
+  std::string out;
+  for (size_t i = 0; i < issues.size(); ++i) {
+    if (i) out += "\n";
+    out += issues[i].to_string();
+  }
+  return out;
+}
+}  // namespace
+
+ConfigError::ConfigError(std::vector<ConfigIssue> issues)
+    : std::runtime_error(join_issues(issues)), issues_(std::move(issues)) {}
+
+const char* default_engine_plugin(PluginKind kind) {
+  switch (kind) {
+    case PluginKind::kBackend: return "cpu";
+    case PluginKind::kScheduler: return "static";
+    case PluginKind::kKvCache: return "contiguous";
+    case PluginKind::kAttention: return "naive";
+    case PluginKind::kQuantizer: return "gguf";
+    case PluginKind::kSampler: return "standard";
+    case PluginKind::kDrafter: return nullptr;
+    case PluginKind::kCacheLayer:
+    case PluginKind::kRouter: return nullptr;
+  }
+  return nullptr;
+}
+
+namespace {
+
+// --- small text helpers -------------------------------------------------------------------
+
+std::string join(const std::vector<std::string>& items, const char* separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += separator;
+    out += items[i];
+  }
+  return out;
+}
+
+std::string trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string format_number(double v) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  std::ostringstream os;
+  os.precision(10);
+  os << v;
+  return os.str();
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown key 'x'; did you mean 'y'? expected one of: a, b"
+std::string unknown_key_message(const std::string& key, const std::vector<std::string>& allowed) {
+  std::string message = "unknown key '" + key + "'";
+  std::string best;
+  size_t best_distance = 3;  // suggest only close typos
+  for (const auto& candidate : allowed) {
+    size_t d = edit_distance(key, candidate);
+    if (d < best_distance) best_distance = d, best = candidate;
+  }
+  if (!best.empty()) message += "; did you mean '" + best + "'?";
+  if (allowed.empty()) return message + "; no keys are accepted here";
+  return message + (best.empty() ? "; expected one of: " : " expected one of: ") +
+         join(allowed, ", ");
+}
+
+// --- sizes and durations ------------------------------------------------------------------
+
+struct Unit {
+  const char* name;
+  double factor;
+};
+constexpr Unit kSizeUnits[] = {
+    {"B", 1},          {"KB", 1e3},          {"kB", 1e3},          {"MB", 1e6},
+    {"GB", 1e9},       {"TB", 1e12},         {"KiB", 1024.0},      {"MiB", 1048576.0},
+    {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+};
+constexpr Unit kDurationUnits[] = {
+    {"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}, {"m", 60}, {"min", 60},
+    {"h", 3600},  {"d", 86400},
+};
+
+// Splits "256MiB" / "1.5 GiB" / "4096" into number and unit. False when there is no number.
+bool split_number_unit(std::string_view text, double* number, std::string* unit) {
+  std::string s = trim(text);
+  size_t i = 0;
+  if (i < s.size() && s[i] == '+') ++i;
+  size_t start = i;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == start) return false;
+  auto [ptr, ec] = std::from_chars(s.data() + start, s.data() + i, *number);
+  if (ec != std::errc() || ptr != s.data() + i) return false;
+  *unit = trim(std::string_view(s).substr(i));
+  return true;
+}
+
+// Bytes from "256MiB", "1GB", "4096"; sets *error on failure.
+std::optional<int64_t> parse_bytes(std::string_view text, std::string* error) {
+  double number = 0;
+  std::string unit;
+  if (!split_number_unit(text, &number, &unit)) return std::nullopt;
+  double factor = 0;
+  if (unit.empty()) {
+    factor = 1;
+  } else {
+    for (const auto& u : kSizeUnits)
+      if (unit == u.name) factor = u.factor;
+  }
+  if (factor == 0) {
+    *error = "unknown size unit '" + unit + "'; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB";
+    return std::nullopt;
+  }
+  double bytes = number * factor;
+  if (bytes != std::floor(bytes) && (unit.empty() || unit == "B")) return std::nullopt;
+  if (bytes > 9.2e18) {
+    *error = "size is too large";
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(std::llround(bytes));
+}
+
+std::optional<double> parse_duration(std::string_view text, std::string* error) {
+  double number = 0;
+  std::string unit;
+  if (!split_number_unit(text, &number, &unit)) return std::nullopt;
+  if (unit.empty()) return number;  // plain number: seconds
+  for (const auto& u : kDurationUnits)
+    if (unit == u.name) return number * u.factor;
+  *error = "unknown duration unit '" + unit + "'; use ms, s, m, h or d (a plain number is seconds)";
+  return std::nullopt;
+}
+
+std::string format_bytes(double bytes) {
+  static constexpr Unit kPretty[] = {{"TiB", 1099511627776.0}, {"GiB", 1073741824.0},
+                                     {"MiB", 1048576.0}, {"KiB", 1024.0}};
+  if (std::isinf(bytes)) return format_number(bytes);
+  for (const auto& u : kPretty)
+    if (bytes >= u.factor && std::fmod(bytes, u.factor) == 0)
+      return format_number(bytes / u.factor) + u.name;
+  return format_number(bytes);
+}
+
+std::string format_duration(double seconds) {
+  if (std::isinf(seconds)) return format_number(seconds);
+  if (seconds != 0 && seconds < 1) return format_number(seconds * 1000) + "ms";
+  if (seconds >= 3600 && std::fmod(seconds, 3600) == 0) return format_number(seconds / 3600) + "h";
+  if (seconds >= 60 && std::fmod(seconds, 60) == 0) return format_number(seconds / 60) + "m";
+  return format_number(seconds) + "s";
+}
+
+// --- the source-tracking tree -------------------------------------------------------------
+
+struct TreeEntry;
+
+// A YAML value with where it came from. Maps and sequences are converted recursively so that
+// merging keeps each key's origin; scalars keep their YAML node.
+struct Tree {
+  enum class Type { kNull, kScalar, kSequence, kMap };
+  Type type = Type::kNull;
+  // Scalars: their text, and whether it was quoted. (No YAML::Node is kept: assigning one
+  // rebinds shared node data, which breaks moving trees around while merging.)
+  std::string text;
+  bool quoted = false;
+  std::string file;
+  YAML::Mark mark;
+  std::vector<TreeEntry> entries;  // kMap, in file order
+  std::vector<Tree> items;         // kSequence
+
+  bool is_map() const { return type == Type::kMap; }
+  bool is_sequence() const { return type == Type::kSequence; }
+  bool is_scalar() const { return type == Type::kScalar; }
+  bool is_null() const { return type == Type::kNull; }
+  const std::string& scalar() const { return text; }
+  bool is_quoted() const { return is_scalar() && quoted; }
+
+  const TreeEntry* find(std::string_view key) const;
+  TreeEntry* find(std::string_view key);
+};
+
+struct TreeEntry {
+  std::string key;
+  std::string key_file;
+  YAML::Mark key_mark;
+  Tree value;
+};
+
+const TreeEntry* Tree::find(std::string_view key) const {
+  for (const auto& e : entries)
+    if (e.key == key) return &e;
+  return nullptr;
+}
+TreeEntry* Tree::find(std::string_view key) {
+  for (auto& e : entries)
+    if (e.key == key) return &e;
+  return nullptr;
+}
+
+// How a value reads in "got ..." messages: quoted text for strings, as written for numbers.
+std::string describe_got(const Tree& t) {
+  switch (t.type) {
+    case Tree::Type::kNull: return "nothing";
+    case Tree::Type::kMap: return "a mapping";
+    case Tree::Type::kSequence: return "a list";
+    case Tree::Type::kScalar: break;
+  }
+  const std::string& s = t.scalar();
+  double d;
+  auto [ptr, ec] = std::from_chars(s.data() + (!s.empty() && s[0] == '+'),
+                                   s.data() + s.size(), d);
+  bool numeric = !s.empty() && ec == std::errc() && ptr == s.data() + s.size();
+  if (numeric && !t.is_quoted()) return s;
+  return "\"" + s + "\"";
+}
+
+// Where an issue points.
+struct Position {
+  std::string file;
+  YAML::Mark mark;
+};
+
+class IssueList {
+ public:
+  void add(const Position& where, const std::string& key_path, std::string message) {
+    ConfigIssue issue;
+    issue.file = where.file;
+    if (where.mark.line >= 0 && !where.mark.is_null()) {
+      issue.line = where.mark.line + 1;
+      issue.column = where.mark.column + 1;
+    }
+    issue.key_path = key_path;
+    issue.message = std::move(message);
+    issues_.push_back(std::move(issue));
+  }
+  void add(const Tree& t, const std::string& key_path, std::string message) {
+    add(Position{t.file, t.mark}, key_path, std::move(message));
+  }
+  void add_at_key(const TreeEntry& e, const std::string& key_path, std::string message) {
+    add(Position{e.key_file, e.key_mark}, key_path, std::move(message));
+  }
+  // Groups issues by file (in order of first appearance), then by position, so they read
+  // top to bottom whatever order the checks ran in.
+  void sort() {
+    std::vector<std::string> files;
+    for (const auto& i : issues_)
+      if (std::find(files.begin(), files.end(), i.file) == files.end()) files.push_back(i.file);
+    auto rank = [&](const ConfigIssue& i) {
+      auto file = std::find(files.begin(), files.end(), i.file) - files.begin();
+      // Issues without a position (line 0) go after the positioned ones of their file.
+      return std::make_tuple(file, i.line == 0 ? INT32_MAX : i.line, i.column);
+    };
+    std::stable_sort(issues_.begin(), issues_.end(),
+                     [&](const ConfigIssue& a, const ConfigIssue& b) { return rank(a) < rank(b); });
+  }
+  bool empty() const { return issues_.empty(); }
+  size_t size() const { return issues_.size(); }
+  std::vector<ConfigIssue>& issues() { return issues_; }
+
+ private:
+  std::vector<ConfigIssue> issues_;
+};
+
+Tree to_tree(const YAML::Node& node, const std::string& file, IssueList& issues) {
+  Tree t;
+  t.file = file;
+  t.mark = node.Mark();
+  switch (node.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null:
+      t.type = Tree::Type::kNull;
+      break;
+    case YAML::NodeType::Scalar:
+      t.type = Tree::Type::kScalar;
+      t.text = node.Scalar();
+      // Quoted scalars are strings to YAML ("!" tag); plain ones may be numbers or booleans.
+      t.quoted = node.Tag() == "!";
+      break;
+    case YAML::NodeType::Sequence:
+      t.type = Tree::Type::kSequence;
+      for (const auto& item : node) t.items.push_back(to_tree(item, file, issues));
+      break;
+    case YAML::NodeType::Map:
+      t.type = Tree::Type::kMap;
+      for (const auto& kv : node) {
+        if (!kv.first.IsScalar()) {
+          issues.add(Position{file, kv.first.Mark()}, "", "keys must be plain strings");
+          continue;
+        }
+        const std::string& key = kv.first.Scalar();
+        if (const TreeEntry* first = t.find(key)) {
+          issues.add(Position{file, kv.first.Mark()}, "",
+                     "duplicate key '" + key + "' (first set at line " +
+                         std::to_string(first->key_mark.line + 1) + ")");
+          continue;
+        }
+        t.entries.push_back({key, file, kv.first.Mark(), to_tree(kv.second, file, issues)});
+      }
+      break;
+  }
+  return t;
+}
+
+// Merges `child` over `base`: maps merge key by key, anything else replaces. A plugin slot
+// whose child names a different plugin replaces the base's slot entirely, because the base's
+// parameters belong to the other plugin's schema.
+void merge_into(Tree& base, Tree&& child) {
+  for (auto& entry : child.entries) {
+    TreeEntry* existing = base.find(entry.key);
+    if (!existing) {
+      base.entries.push_back(std::move(entry));
+      continue;
+    }
+    Tree& old_value = existing->value;
+    bool both_maps = old_value.is_map() && entry.value.is_map();
+    if (both_maps) {
+      const TreeEntry* old_plugin = old_value.find("plugin");
+      const TreeEntry* new_plugin = entry.value.find("plugin");
+      bool plugin_changed = old_plugin && new_plugin && old_plugin->value.is_scalar() &&
+                            new_plugin->value.is_scalar() &&
+                            old_plugin->value.scalar() != new_plugin->value.scalar();
+      if (!plugin_changed) {
+        merge_into(old_value, std::move(entry.value));
+        continue;
+      }
+    }
+    existing->key_file = entry.key_file;
+    existing->key_mark = entry.key_mark;
+    existing->value = std::move(entry.value);
+  }
+}
+
+std::string display_path(const fs::path& p) { return p.lexically_normal().string(); }
+
+std::optional<std::string> read_text_file(const fs::path& path, std::string* error) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    *error = "is a directory, not a YAML file";
+    return std::nullopt;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *error = std::string("cannot open file: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+// Parses YAML text into a Tree; syntax errors become issues (with their line:col).
+std::optional<Tree> parse_yaml(const std::string& text, const std::string& file,
+                               IssueList& issues) {
+  try {
+    YAML::Node root = YAML::Load(text);
+    return to_tree(root, file, issues);
+  } catch (const YAML::Exception& e) {
+    issues.add(Position{file, e.mark}, "", "YAML syntax error: " + e.msg);
+    return std::nullopt;
+  }
+}
+
+// Loads `path` and, recursively, what it extends. `chain` holds the canonical paths of the
+// files currently being loaded, to detect cycles. `from` is where `path` was named (the
+// extends: value), used when the file cannot be read.
+std::optional<Tree> load_tree(const fs::path& path, const std::optional<Position>& from,
+                              std::vector<std::pair<std::string, std::string>>& chain,
+                              IssueList& issues) {
+  const std::string shown = display_path(path);
+  std::error_code ec;
+  fs::path canonical = fs::weakly_canonical(path, ec);
+  if (ec) canonical = fs::absolute(path, ec);
+  for (const auto& [canon, _] : chain) {
+    if (canon == canonical.string()) {
+      std::vector<std::string> names;
+      for (const auto& [c, name] : chain) names.push_back(name);
+      names.push_back(shown);
+      issues.add(from.value_or(Position{shown, YAML::Mark::null_mark()}), "extends",
+                 "extends cycle: " + join(names, " -> "));
+      return std::nullopt;
+    }
+  }
+  std::string error;
+  auto text = read_text_file(path, &error);
+  if (!text) {
+    if (from) {
+      issues.add(*from, "extends", "cannot read '" + shown + "': " + error);
+    } else {
+      issues.add(Position{shown, YAML::Mark::null_mark()}, "", error);
+    }
+    return std::nullopt;
+  }
+  auto tree = parse_yaml(*text, shown, issues);
+  if (!tree) return std::nullopt;
+  if (tree->is_null()) {  // an empty file is an empty mapping
+    tree->type = Tree::Type::kMap;
+    tree->mark = YAML::Mark();
+  }
+  if (!tree->is_map()) {
+    issues.add(*tree, "", "the top level of a config file must be a mapping, got " +
+                              describe_got(*tree));
+    return std::nullopt;
+  }
+  auto it = std::find_if(tree->entries.begin(), tree->entries.end(),
+                         [](const TreeEntry& e) { return e.key == "extends"; });
+  if (it == tree->entries.end()) return tree;
+
+  TreeEntry extends = std::move(*it);
+  tree->entries.erase(it);
+  if (!extends.value.is_scalar() || extends.value.scalar().empty()) {
+    issues.add(extends.value, "extends",
+               "expected the path of a base config file, got " + describe_got(extends.value));
+    return std::nullopt;
+  }
+  fs::path base_path = fs::path(extends.value.scalar());
+  if (base_path.is_relative()) base_path = path.parent_path() / base_path;
+  chain.emplace_back(canonical.string(), shown);
+  auto base = load_tree(base_path, Position{extends.value.file, extends.value.mark}, chain, issues);
+  chain.pop_back();
+  if (!base) return std::nullopt;
+  merge_into(*base, std::move(*tree));
+  return base;
+}
+
+// --- parameter conversion -----------------------------------------------------------------
+
+bool has_min(const ParamSpec& s) { return std::isfinite(s.min_value); }
+bool has_max(const ParamSpec& s) { return std::isfinite(s.max_value); }
+
+std::vector<std::string> enum_choices(const ParamSpec& spec) {
+  std::vector<std::string> out;
+  std::string_view rest = spec.choices ? spec.choices : "";
+  while (true) {
+    size_t bar = rest.find('|');
+    out.push_back(trim(rest.substr(0, bar)));
+    if (bar == std::string_view::npos) break;
+    rest.remove_prefix(bar + 1);
+  }
+  return out;
+}
+
+std::string format_bound(const ParamSpec& spec, double v) {
+  if (spec.type == ParamType::kBytes) return format_bytes(v);
+  if (spec.type == ParamType::kDuration) return format_duration(v);
+  return format_number(v);
+}
+
+std::optional<bool> parse_bool(const std::string& text) {
+  std::string s = lower(trim(text));
+  if (s == "true" || s == "yes" || s == "on") return true;
+  if (s == "false" || s == "no" || s == "off") return false;
+  return std::nullopt;
+}
+
+std::optional<int64_t> parse_int(const std::string& text) {
+  std::string s = trim(text);
+  const char* b = s.data() + (!s.empty() && s[0] == '+');
+  int64_t v;
+  auto [ptr, ec] = std::from_chars(b, s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_float(const std::string& text) {
+  std::string s = trim(text);
+  const char* b = s.data() + (!s.empty() && s[0] == '+');
+  double v;
+  auto [ptr, ec] = std::from_chars(b, s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(v))
+    return std::nullopt;
+  return v;
+}
+
+bool in_range(const ParamSpec& spec, double v) {
+  return !(v < spec.min_value) && !(v > spec.max_value);
+}
+
+// Converts one value to the spec's type. On failure returns nullopt with *error set to the
+// message (without key path).
+std::optional<ParamValue> convert_param(const ParamSpec& spec, const Tree& t, std::string* error) {
+  const std::string expected = "expected " + describe_param_expectation(spec);
+  auto fail = [&](std::string detail = {}) -> std::optional<ParamValue> {
+    *error = detail.empty() ? expected + ", got " + describe_got(t)
+                            : detail + " (" + expected.substr(std::strlen("expected ")) + ")";
+    return std::nullopt;
+  };
+  switch (spec.type) {
+    case ParamType::kBool: {
+      if (!t.is_scalar()) return fail();
+      auto v = parse_bool(t.scalar());
+      if (!v) return fail();
+      return ParamValue(*v);
+    }
+    case ParamType::kInt: {
+      if (!t.is_scalar()) return fail();
+      auto v = parse_int(t.scalar());
+      if (!v || !in_range(spec, static_cast<double>(*v))) return fail();
+      return ParamValue(*v);
+    }
+    case ParamType::kFloat: {
+      if (!t.is_scalar()) return fail();
+      auto v = parse_float(t.scalar());
+      if (!v || !in_range(spec, *v)) return fail();
+      return ParamValue(*v);
+    }
+    case ParamType::kString: {
+      if (!t.is_scalar()) return fail();
+      return ParamValue(t.scalar());
+    }
+    case ParamType::kEnum: {
+      if (!t.is_scalar()) return fail();
+      for (const auto& c : enum_choices(spec))
+        if (c == t.scalar()) return ParamValue(c);
+      return fail();
+    }
+    case ParamType::kBytes: {
+      if (!t.is_scalar()) return fail();
+      std::string unit_error;
+      auto v = parse_bytes(t.scalar(), &unit_error);
+      if (!unit_error.empty()) return fail(unit_error + " in " + describe_got(t));
+      if (!v || !in_range(spec, static_cast<double>(*v))) return fail();
+      return ParamValue(*v);
+    }
+    case ParamType::kDuration: {
+      if (!t.is_scalar()) return fail();
+      std::string unit_error;
+      auto v = parse_duration(t.scalar(), &unit_error);
+      if (!unit_error.empty()) return fail(unit_error + " in " + describe_got(t));
+      if (!v || !in_range(spec, *v)) return fail();
+      return ParamValue(*v);
+    }
+    case ParamType::kStringList: {
+      if (!t.is_sequence()) return fail();
+      std::vector<std::string> out;
+      for (size_t i = 0; i < t.items.size(); ++i) {
+        if (!t.items[i].is_scalar())
+          return fail("element " + std::to_string(i) + " is " + describe_got(t.items[i]));
+        out.push_back(t.items[i].scalar());
+      }
+      return ParamValue(std::move(out));
+    }
+    case ParamType::kStringMap: {
+      if (!t.is_map()) return fail();
+      std::map<std::string, std::string> out;
+      for (const auto& e : t.entries) {
+        if (!e.value.is_scalar())
+          return fail("value of '" + e.key + "' is " + describe_got(e.value));
+        out[e.key] = e.value.scalar();
+      }
+      return ParamValue(std::move(out));
+    }
+  }
+  return fail();
+}
+
+// Validates the parameters in `slot` (a map; `plugin:` is skipped when `is_slot`) against
+// `manifest`'s schema. Returns the values with defaults filled in.
+// Problems with absent keys are reported at `owner` (the key that holds the slot).
+std::map<std::string, ParamValue> validate_params(const PluginManifest& manifest, const Tree& slot,
+                                                  const std::string& key_path, bool is_slot,
+                                                  const Position& owner, IssueList& issues) {
+  std::map<std::string, ParamValue> values;
+  std::vector<std::string> allowed;
+  if (is_slot) allowed.push_back("plugin");
+  for (size_t i = 0; i < manifest.num_params; ++i) allowed.push_back(manifest.params[i].name);
+
+  for (const auto& entry : slot.entries) {
+    if (is_slot && entry.key == "plugin") continue;
+    bool known = false;
+    for (size_t i = 0; i < manifest.num_params; ++i)
+      if (entry.key == manifest.params[i].name) known = true;
+    if (known) continue;
+    std::string message = unknown_key_message(entry.key, allowed);
+    if (manifest.num_params == 0)
+      message = "unknown key '" + entry.key + "'; plugin '" + manifest.name +
+                "' takes no parameters";
+    issues.add_at_key(entry, key_path, message);
+  }
+
+  for (size_t i = 0; i < manifest.num_params; ++i) {
+    const ParamSpec& spec = manifest.params[i];
+    const std::string param_path = key_path.empty() ? spec.name : key_path + "." + spec.name;
+    if (const TreeEntry* entry = slot.find(spec.name)) {
+      std::string error;
+      auto value = convert_param(spec, entry->value, &error);
+      if (value) {
+        values[spec.name] = std::move(*value);
+      } else {
+        // A missing value (`key:`) has no mark of its own; point at the key then.
+        if (entry->value.is_null())
+          issues.add_at_key(*entry, param_path, error);
+        else
+          issues.add(entry->value, param_path, error);
+      }
+      continue;
+    }
+    if (spec.default_value) {
+      IssueList default_issues;
+      std::string error;
+      auto tree = parse_yaml(spec.default_value, "<default>", default_issues);
+      std::optional<ParamValue> value;
+      // An empty default text means the empty value of the type.
+      if (tree && tree->is_null() && spec.type == ParamType::kString) value = std::string();
+      else if (tree && tree->is_null() && spec.type == ParamType::kStringList)
+        value = std::vector<std::string>();
+      else if (tree && tree->is_null() && spec.type == ParamType::kStringMap)
+        value = std::map<std::string, std::string>();
+      else if (tree) value = convert_param(spec, *tree, &error);
+      if (value) {
+        values[spec.name] = std::move(*value);
+      } else {
+        issues.add(owner, param_path,
+                   "plugin '" + std::string(manifest.name) + "' has an invalid default for '" +
+                       spec.name + "' (" + spec.default_value + "): " + error);
+      }
+      continue;
+    }
+    if (!spec.optional) {
+      issues.add(owner, key_path,
+                 "missing required parameter '" + std::string(spec.name) + "' (" +
+                     describe_param_expectation(spec) + ")");
+    }
+  }
+  return values;
+}
+
+// --- the stack ----------------------------------------------------------------------------
+
+constexpr PluginKind kEngineKinds[] = {
+    PluginKind::kBackend,   PluginKind::kScheduler, PluginKind::kKvCache, PluginKind::kAttention,
+    PluginKind::kQuantizer, PluginKind::kSampler,   PluginKind::kDrafter,
+};
+
+class StackValidator {
+ public:
+  StackValidator(PluginRegistry& registry, IssueList& issues, std::string top_file)
+      : registry_(registry), issues_(issues), top_file_(std::move(top_file)) {}
+
+  StackConfig validate(const Tree& root) {
+    StackConfig config;
+    config.file = top_file_;
+    check_keys(root, "", {"extends", "plugin_paths", "model", "engine", "gateway", "server"});
+    // Plugin folders first: the slots below may name plugins that live there.
+    if (const TreeEntry* e = root.find("plugin_paths")) validate_plugin_paths(*e, &config);
+    if (const TreeEntry* e = root.find("model")) {
+      validate_model(*e, &config.model);
+    } else {
+      issues_.add(Position{root.file, root.mark}, "",
+                  "missing required key 'model' (at least {path: MODEL})");
+    }
+    validate_engine(root, &config);
+    if (const TreeEntry* e = root.find("gateway")) validate_gateway(*e, &config);
+    if (const TreeEntry* e = root.find("server")) validate_server(*e, &config.server);
+    return config;
+  }
+
+ private:
+  // Reports keys of `map` not in `allowed`; returns false when `map` is not a mapping.
+  bool check_keys(const Tree& map, const std::string& path,
+                  std::initializer_list<const char*> allowed) {
+    // `engine:` with every slot commented out is an empty mapping, not a mistake.
+    if (map.is_null()) return true;
+    if (!map.is_map()) {
+      issues_.add(map, path, "expected a mapping, got " + describe_got(map));
+      return false;
+    }
+    std::vector<std::string> names(allowed.begin(), allowed.end());
+    for (const auto& entry : map.entries) {
+      if (std::find(names.begin(), names.end(), entry.key) == names.end())
+        issues_.add_at_key(entry, path, unknown_key_message(entry.key, names));
+    }
+    return true;
+  }
+
+  // Converts a fixed (non-plugin) field with the same rules as plugin parameters.
+  template <class T>
+  void field(const TreeEntry& owner, const std::string& path, const ParamSpec& spec, T* out) {
+    const TreeEntry* entry = owner.value.find(spec.name);
+    const std::string key_path = path + "." + spec.name;
+    if (!entry) {
+      if (!spec.default_value && !spec.optional)
+        issues_.add_at_key(owner, path, "missing required key '" + std::string(spec.name) + "' (" +
+                                   describe_param_expectation(spec) + ")");
+      return;
+    }
+    std::string error;
+    auto value = convert_param(spec, entry->value, &error);
+    if (!value) {
+      if (entry->value.is_null())
+        issues_.add_at_key(*entry, key_path, error);
+      else
+        issues_.add(entry->value, key_path, error);
+      return;
+    }
+    if constexpr (std::is_same_v<T, int>) {
+      *out = static_cast<int>(std::get<int64_t>(*value));
+    } else {
+      *out = std::get<T>(*value);
+    }
+  }
+
+  void validate_plugin_paths(const TreeEntry& entry, StackConfig* config) {
+    const Tree& list = entry.value;
+    if (!list.is_sequence()) {
+      issues_.add(list, "plugin_paths",
+                  "expected a list of plugin folders, got " + describe_got(list));
+      return;
+    }
+    for (size_t i = 0; i < list.items.size(); ++i) {
+      const Tree& item = list.items[i];
+      const std::string path = "plugin_paths[" + std::to_string(i) + "]";
+      if (!item.is_scalar() || item.scalar().empty()) {
+        issues_.add(item, path, "expected a folder path, got " + describe_got(item));
+        continue;
+      }
+      // Relative to the file that wrote it, so a stack works from any working directory.
+      fs::path dir = item.scalar();
+      if (dir.is_relative()) dir = fs::path(item.file).parent_path() / dir;
+      dir = dir.lexically_normal();
+      std::error_code ec;
+      if (!fs::is_directory(dir, ec)) {
+        issues_.add(item, path, "plugin folder '" + dir.string() + "' does not exist");
+        continue;
+      }
+      registry_.scan_directory(dir);
+      config->plugin_paths.push_back(dir.string());
+    }
+  }
+
+  void validate_model(const TreeEntry& entry, ModelConfig* model) {
+    const Tree& map = entry.value;
+    if (!check_keys(map, "model", {"path", "name", "threads", "context_length"})) return;
+    static const ParamSpec kPath{"path", ParamType::kString, nullptr,
+                                 "a model name from the cache or a .gguf file path"};
+    static const ParamSpec kName{"name", ParamType::kString, "", "served model id"};
+    static const ParamSpec kThreads{"threads", ParamType::kInt, "0", "", 0};
+    static const ParamSpec kContext{"context_length", ParamType::kInt, "0", "", 0, 1 << 30};
+    field(entry, "model", kPath, &model->path);
+    field(entry, "model", kName, &model->name);
+    field(entry, "model", kThreads, &model->threads);
+    field(entry, "model", kContext, &model->context_length);
+    if (const TreeEntry* path_entry = map.find("path");
+        path_entry && !model->path.empty() && fs::path(model->path).is_relative()) {
+      // A relative file path means relative to the file that set it.
+      fs::path candidate = fs::path(path_entry->value.file).parent_path() / model->path;
+      std::error_code ec;
+      if (fs::is_regular_file(candidate, ec)) model->path = candidate.lexically_normal().string();
+    }
+    if (model->name.empty() && !model->path.empty()) {
+      std::string stem = fs::path(model->path).filename().string();
+      if (stem.size() > 5 && stem.ends_with(".gguf")) stem.resize(stem.size() - 5);
+      model->name = stem;
+    }
+  }
+
+  // Validates one `{plugin: NAME, ...}` slot. Returns nullopt on error or when the slot is
+  // switched off with `plugin: none` (*off is set then).
+  // `owner` is where the slot is named (its key, or the list item), for absent keys.
+  std::optional<PluginSlot> validate_slot(const Tree& t, const Position& owner, PluginKind kind,
+                                          const std::string& path, bool may_be_off,
+                                          bool* off = nullptr) {
+    const char* kind_name = plugin_kind_name(kind);
+    if (!t.is_map()) {
+      issues_.add(t, path, std::string("expected a plugin slot {plugin: NAME, ...parameters}, got ") +
+                               describe_got(t));
+      return std::nullopt;
+    }
+    const TreeEntry* plugin = t.find("plugin");
+    if (!plugin) {
+      std::string names = registry_.names_of(kind);
+      issues_.add(owner, path,
+                  std::string("missing key 'plugin' (the ") + kind_name + " plugin's name" +
+                      (names.empty() ? std::string(")") : "; registered: " + names + ")"));
+      return std::nullopt;
+    }
+    if (!plugin->value.is_scalar() || plugin->value.scalar().empty()) {
+      issues_.add(plugin->value, path + ".plugin",
+                  "expected a plugin name, got " + describe_got(plugin->value));
+      return std::nullopt;
+    }
+    const std::string& name = plugin->value.scalar();
+    if (may_be_off && name == "none") {
+      for (const auto& e : t.entries)
+        if (e.key != "plugin")
+          issues_.add_at_key(e, path, "'plugin: none' switches the slot off and takes no parameters");
+      if (off) *off = true;
+      return std::nullopt;
+    }
+    const PluginInfo* info = registry_.find(kind, name);
+    if (!info) {
+      issues_.add(plugin->value, path, registry_.describe_missing(kind, name));
+      return std::nullopt;
+    }
+    size_t before = issues_.size();
+    auto values = validate_params(*info->manifest, t, path, /*is_slot=*/true, owner, issues_);
+    if (issues_.size() != before) return std::nullopt;
+    PluginSlot slot;
+    slot.plugin = name;
+    slot.file = plugin->value.file;
+    slot.config = PluginConfig(name, path, std::move(values));
+    return slot;
+  }
+
+  void validate_engine(const Tree& root, StackConfig* config) {
+    const TreeEntry* engine = root.find("engine");
+    if (engine && !check_keys(engine->value, "engine",
+                              {"backend", "scheduler", "kv_cache", "attention", "quantizer",
+                               "sampler", "drafter"}))
+      return;
+    for (PluginKind kind : kEngineKinds) {
+      const std::string path = std::string("engine.") + plugin_kind_name(kind);
+      const TreeEntry* entry = engine ? engine->value.find(plugin_kind_name(kind)) : nullptr;
+      if (entry) {
+        bool off = false;
+        auto slot = validate_slot(entry->value, Position{entry->key_file, entry->key_mark}, kind,
+                                  path, kind == PluginKind::kDrafter, &off);
+        if (slot) config->engine[kind] = std::move(*slot);
+        continue;
+      }
+      const char* default_name = default_engine_plugin(kind);
+      if (!default_name) continue;  // off unless configured
+      const PluginInfo* info = registry_.find(kind, default_name);
+      Position where = engine ? Position{engine->key_file, engine->key_mark}
+                              : Position{top_file_, YAML::Mark::null_mark()};
+      if (!info) {
+        // The stack cannot run without it, so say so now rather than at startup.
+        issues_.add(where, path,
+                    std::string("not set, and the default ") + plugin_kind_name(kind) +
+                        " plugin is not available: " +
+                        registry_.describe_missing(kind, default_name));
+        continue;
+      }
+      Tree empty;
+      empty.type = Tree::Type::kMap;
+      empty.file = where.file;
+      empty.mark = where.mark;
+      size_t before = issues_.size();
+      auto values = validate_params(*info->manifest, empty, path, true, where, issues_);
+      if (issues_.size() != before) continue;
+      PluginSlot slot;
+      slot.plugin = default_name;
+      slot.file = top_file_;
+      slot.config = PluginConfig(default_name, path, std::move(values));
+      config->engine[kind] = std::move(slot);
+    }
+  }
+
+  void validate_gateway(const TreeEntry& entry, StackConfig* config) {
+    const Tree& map = entry.value;
+    if (!check_keys(map, "gateway", {"cache", "router"})) return;
+    if (const TreeEntry* cache = map.find("cache")) {
+      if (!cache->value.is_sequence()) {
+        issues_.add(cache->value, "gateway.cache",
+                    "expected a list of cache layer slots, got " + describe_got(cache->value));
+      } else {
+        for (size_t i = 0; i < cache->value.items.size(); ++i) {
+          const Tree& item = cache->value.items[i];
+          auto slot = validate_slot(item, Position{item.file, item.mark}, PluginKind::kCacheLayer,
+                                    "gateway.cache[" + std::to_string(i) + "]", false);
+          if (slot) config->cache_layers.push_back(std::move(*slot));
+        }
+      }
+    }
+    if (const TreeEntry* router = map.find("router")) {
+      auto slot = validate_slot(router->value, Position{router->key_file, router->key_mark},
+                                PluginKind::kRouter, "gateway.router", true);
+      if (slot) config->router = std::move(*slot);
+    }
+  }
+
+  void validate_server(const TreeEntry& entry, ServerConfig* server) {
+    const Tree& map = entry.value;
+    if (!check_keys(map, "server", {"host", "port", "api_keys"})) return;
+    static const ParamSpec kHost{"host", ParamType::kString, "127.0.0.1", ""};
+    static const ParamSpec kPort{"port", ParamType::kInt, "8080", "", 1, 65535};
+    static const ParamSpec kKeys{"api_keys", ParamType::kStringList, "[]", ""};
+    field(entry, "server", kHost, &server->host);
+    field(entry, "server", kPort, &server->port);
+    field(entry, "server", kKeys, &server->api_keys);
+  }
+
+  PluginRegistry& registry_;
+  IssueList& issues_;
+  std::string top_file_;
+};
+
+}  // namespace
+
+std::string describe_param_expectation(const ParamSpec& spec) {
+  std::string noun;
+  switch (spec.type) {
+    case ParamType::kBool: return "a boolean (true or false)";
+    case ParamType::kInt: noun = "an integer"; break;
+    case ParamType::kFloat: noun = "a number"; break;
+    case ParamType::kString: return "a string";
+    case ParamType::kEnum: return "one of: " + join(enum_choices(spec), ", ");
+    case ParamType::kBytes: noun = "a size"; break;
+    case ParamType::kDuration: noun = "a duration"; break;
+    case ParamType::kStringList: return "a list of strings";
+    case ParamType::kStringMap: return "a mapping of strings to strings";
+  }
+  if (has_min(spec) && has_max(spec))
+    noun += " in [" + format_bound(spec, spec.min_value) + ", " + format_bound(spec, spec.max_value) + "]";
+  else if (has_min(spec))
+    noun += " >= " + format_bound(spec, spec.min_value);
+  else if (has_max(spec))
+    noun += " <= " + format_bound(spec, spec.max_value);
+  if (spec.type == ParamType::kBytes) noun += " (e.g. 4096, 512KiB, 256MiB, 1GB)";
+  if (spec.type == ParamType::kDuration) noun += " (e.g. 250ms, 10s, 10m, 1h)";
+  return noun;
+}
+
+std::string format_param_value(const ParamSpec& spec, const ParamValue& value) {
+  return std::visit(
+      [&](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          if (spec.type == ParamType::kBytes) return format_bytes(static_cast<double>(v));
+          return std::to_string(v);
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (spec.type == ParamType::kDuration) return format_duration(v);
+          return format_number(v);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return v;
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          return "[" + join(v, ", ") + "]";
+        } else {
+          std::vector<std::string> parts;
+          for (const auto& [k, s] : v) parts.push_back(k + ": " + s);
+          return "{" + join(parts, ", ") + "}";
+        }
+      },
+      value);
+}
+
+StackConfig load_stack_config(const std::string& path, PluginRegistry& registry) {
+  IssueList issues;
+  std::vector<std::pair<std::string, std::string>> chain;
+  auto tree = load_tree(fs::path(path), std::nullopt, chain, issues);
+  // Unreadable files and syntax errors stop here: validating half a stack would only add
+  // misleading "missing key" reports.
+  if (!tree) throw ConfigError(std::move(issues.issues()));
+  StackValidator validator(registry, issues, display_path(path));
+  StackConfig config = validator.validate(*tree);
+  if (!issues.empty()) {
+    issues.sort();
+    throw ConfigError(std::move(issues.issues()));
+  }
+  return config;
+}
+
+PluginConfig validate_plugin_params(const PluginManifest& manifest, const std::string& key_path,
+                                    const std::string& yaml_text) {
+  IssueList issues;
+  auto tree = parse_yaml(yaml_text, "<params>", issues);
+  if (!tree) throw ConfigError(std::move(issues.issues()));
+  if (tree->is_null()) tree->type = Tree::Type::kMap;
+  if (!tree->is_map()) {
+    issues.add(*tree, key_path, "expected a mapping of parameters, got " + describe_got(*tree));
+    throw ConfigError(std::move(issues.issues()));
+  }
+  auto values = validate_params(manifest, *tree, key_path, /*is_slot=*/false,
+                                Position{"<params>", YAML::Mark()}, issues);
+  if (!issues.empty()) {
+    issues.sort();
+    throw ConfigError(std::move(issues.issues()));
+  }
+  return PluginConfig(manifest.name, key_path, std::move(values));
+}
+
+// --- models -------------------------------------------------------------------------------
+
+std::string model_cache_dir() {
+  if (const char* dir = std::getenv("TESSERA_MODEL_DIR"); dir && *dir) return dir;
+  const char* home = std::getenv("HOME");
+  return (fs::path(home && *home ? home : ".") / ".cache" / "tessera" / "models").string();
+}
+
+namespace {
+// Short names for the models scripts/fetch-models.sh downloads, mapped to their file names.
+const std::map<std::string, std::string>& model_aliases() {
+  static const std::map<std::string, std::string> aliases = {
+      {"smollm2-135m-instruct-q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf"},
+  };
+  return aliases;
+}
+}  // namespace
+
+std::string resolve_model_path(const std::string& path_or_name, const std::string& config_dir) {
+  std::vector<std::string> looked;
+  std::error_code ec;
+  auto try_file = [&](const fs::path& p) -> bool {
+    looked.push_back(p.lexically_normal().string());
+    return fs::is_regular_file(p, ec);
+  };
+  fs::path given(path_or_name);
+  if (given.is_absolute()) {
+    if (try_file(given)) return given.string();
+  } else {
+    if (!config_dir.empty() && try_file(fs::path(config_dir) / given))
+      return (fs::path(config_dir) / given).lexically_normal().string();
+    if (try_file(given)) return given.string();
+  }
+  // A bare name: look in the model cache.
+  fs::path cache = model_cache_dir();
+  std::vector<std::string> names = {path_or_name, path_or_name + ".gguf"};
+  if (auto it = model_aliases().find(lower(path_or_name)); it != model_aliases().end())
+    names.push_back(it->second);
+  for (const auto& name : names)
+    if (try_file(cache / name)) return (cache / name).string();
+  // Names are case-insensitive within the cache ("smollm2-135m-instruct.q4_1").
+  if (fs::is_directory(cache, ec)) {
+    for (const auto& entry : fs::directory_iterator(cache, ec)) {
+      std::string file = entry.path().filename().string();
+      for (const auto& name : names)
+        if (lower(file) == lower(name) && entry.is_regular_file(ec)) return entry.path().string();
+    }
+  }
+  std::vector<std::string> unique;
+  for (const auto& l : looked)
+    if (std::find(unique.begin(), unique.end(), l) == unique.end()) unique.push_back(l);
+  throw std::runtime_error("model '" + path_or_name + "' not found (looked in " +
+                           join(unique, ", ") + "); run scripts/fetch-models.sh to download it");
+}
+
+std::string resolve_model_path(const std::string& path_or_name) {
+  return resolve_model_path(path_or_name, std::string());
+}
+
+}  // namespace tessera

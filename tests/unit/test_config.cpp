@@ -1,0 +1,715 @@
+// Stack configuration: a valid stack round-trips into typed values, `extends:` merges, and
+// every kind of mistake is reported as file:line:col: key.path: message, all at once.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include "support/test_env.h"
+#include "tessera/config.h"
+#include "tessera/plugin_registry.h"
+#include "tessera/sdk/sampler.h"
+
+namespace {
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+fs::path test_plugin_dir() {
+  return test::env_or("TESSERA_TEST_PLUGIN_DIR", (test::build_dir() / "test-plugins").string());
+}
+
+// Built-in stand-ins for the default engine plugins (but backend.cpu, which the core always
+// registers) and a few others, so these tests do not depend on the real plugins. Their create always fails: only their schemas matter here.
+Status create_stub(const PluginConfig&, const PluginContext&, void**) {
+  return unimplemented("stub");
+}
+void destroy_stub(void*) {}
+
+#define STUB_HEADER {kPluginMagic, kSdkAbiMajor, kSdkAbiMinor, 0, kSdkToolchain}
+
+const ParamSpec kSchedulerParams[] = {
+    {"max_num_seqs", ParamType::kInt, "8", "sequences per step", 1, 4096},
+    {"max_batch_tokens", ParamType::kInt, "512", "tokens per step", 1},
+};
+const ParamSpec kKvParams[] = {
+    {"memory", ParamType::kBytes, "256MiB", "KV pool size", 1048576.0},
+    {"block_size", ParamType::kInt, "16", "tokens per block", 1, 1024},
+    {"dtype", ParamType::kEnum, "f16", "element type", -INFINITY, INFINITY, "f16|f32"},
+    {"prefix_caching", ParamType::kBool, "false", "reuse prompt prefixes"},
+};
+const ParamSpec kExactParams[] = {
+    {"ttl", ParamType::kDuration, "10m", "time to live", 0},
+};
+const ParamSpec kSemanticParams[] = {
+    {"threshold", ParamType::kFloat, "0.92", "cosine similarity", 0, 1},
+    {"ttl", ParamType::kDuration, "1h", "time to live", 0},
+};
+const ParamSpec kRouterParams[] = {
+    {"routes", ParamType::kStringMap, nullptr, "class -> deployment"},
+    {"fallback", ParamType::kString, nullptr, "", -INFINITY, INFINITY, nullptr, true},
+};
+const ParamSpec kDrafterParams[] = {
+    {"num_draft_tokens", ParamType::kInt, "4", "drafts per step", 1, 16},
+};
+
+template <size_t N>
+PluginManifest stub(PluginKind kind, const char* name, const ParamSpec (&params)[N]) {
+  return {STUB_HEADER, kind, name, "1.0.0", "stub", PluginStatus::kStable, params, N,
+          &create_stub, &destroy_stub};
+}
+PluginManifest stub(PluginKind kind, const char* name) {
+  return {STUB_HEADER, kind, name, "1.0.0", "stub", PluginStatus::kStable, nullptr, 0,
+          &create_stub, &destroy_stub};
+}
+
+const PluginManifest kStubs[] = {
+    stub(PluginKind::kScheduler, "static", kSchedulerParams),
+    stub(PluginKind::kScheduler, "chunked-prefill", kSchedulerParams),
+    stub(PluginKind::kKvCache, "contiguous", kKvParams),
+    stub(PluginKind::kKvCache, "paged", kKvParams),
+    stub(PluginKind::kAttention, "naive"),
+    stub(PluginKind::kQuantizer, "gguf"),
+    stub(PluginKind::kSampler, "standard"),
+    stub(PluginKind::kCacheLayer, "exact", kExactParams),
+    stub(PluginKind::kCacheLayer, "semantic", kSemanticParams),
+    stub(PluginKind::kRouter, "classifier", kRouterParams),
+    stub(PluginKind::kDrafter, "ngram", kDrafterParams),
+};
+
+// A registry with the stubs (but `skip`) and the test plugins (test-greedy;
+// test-abi-mismatch refused).
+std::unique_ptr<PluginRegistry> make_registry(const char* skip = nullptr) {
+  auto registry = std::make_unique<PluginRegistry>();
+  for (const auto& m : kStubs)
+    if (!skip || std::string(skip) != m.name) registry->add_builtin(&m);
+  registry->scan_directory(test_plugin_dir());
+  return registry;
+}
+
+fs::path write_file(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Loads and expects failure; returns the issues.
+std::vector<ConfigIssue> load_errors(const fs::path& path, PluginRegistry& registry) {
+  try {
+    load_stack_config(path.string(), registry);
+  } catch (const ConfigError& e) {
+    return e.issues();
+  }
+  FAIL("expected ConfigError for " << path);
+  return {};
+}
+
+std::vector<ConfigIssue> load_errors(const fs::path& path) {
+  auto registry = make_registry();
+  return load_errors(path, *registry);
+}
+
+bool has_issue(const std::vector<ConfigIssue>& issues, const std::string& text) {
+  for (const auto& i : issues)
+    if (i.to_string() == text) return true;
+  return false;
+}
+
+std::string dump(const std::vector<ConfigIssue>& issues) {
+  std::string out;
+  for (const auto& i : issues) out += i.to_string() + "\n";
+  return out;
+}
+
+// Exactly one issue, equal to `expected`.
+void check_single(const std::vector<ConfigIssue>& issues, const std::string& expected) {
+  INFO(dump(issues));
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].to_string() == expected);
+}
+
+const ParamSpec& spec_named(const PluginManifest& m, const std::string& name) {
+  for (size_t i = 0; i < m.num_params; ++i)
+    if (name == m.params[i].name) return m.params[i];
+  FAIL("no param " << name);
+  return m.params[0];
+}
+
+}  // namespace
+
+TEST_CASE("ConfigIssue and ConfigError formatting") {
+  ConfigIssue a{"configs/x.yaml", 12, 5, "engine.scheduler.max_batch_tokens",
+                "expected an integer >= 1, got \"abc\""};
+  CHECK(a.to_string() ==
+        "configs/x.yaml:12:5: engine.scheduler.max_batch_tokens: expected an integer >= 1, got "
+        "\"abc\"");
+  ConfigIssue b{"configs/x.yaml", 0, 0, "", "cannot open file: No such file or directory"};
+  CHECK(b.to_string() == "configs/x.yaml: cannot open file: No such file or directory");
+  ConfigError error({a, b});
+  CHECK(std::string(error.what()) == a.to_string() + "\n" + b.to_string());
+  CHECK(error.issues().size() == 2);
+}
+
+TEST_CASE("default_engine_plugin") {
+  CHECK(std::string(default_engine_plugin(PluginKind::kBackend)) == "cpu");
+  CHECK(std::string(default_engine_plugin(PluginKind::kScheduler)) == "static");
+  CHECK(std::string(default_engine_plugin(PluginKind::kKvCache)) == "contiguous");
+  CHECK(std::string(default_engine_plugin(PluginKind::kAttention)) == "naive");
+  CHECK(std::string(default_engine_plugin(PluginKind::kQuantizer)) == "gguf");
+  CHECK(std::string(default_engine_plugin(PluginKind::kSampler)) == "standard");
+  CHECK(default_engine_plugin(PluginKind::kDrafter) == nullptr);
+}
+
+TEST_CASE("a full valid stack round-trips into typed values") {
+  auto dir = test::scratch_dir("config-valid");
+  auto plugin_rel = fs::relative(test_plugin_dir(), dir).string();
+  auto file = write_file(dir / "stack.yaml", R"(# a full stack
+plugin_paths: [)" + plugin_rel + R"(]
+model:   {path: smollm2-135m-instruct-q4_1, threads: 2, context_length: 2048}
+engine:
+  backend:   {plugin: cpu}
+  scheduler: {plugin: chunked-prefill, max_num_seqs: 32, max_batch_tokens: 512}
+  kv_cache:  {plugin: paged, block_size: 16, memory: 256MiB, prefix_caching: true}
+  attention: {plugin: naive}
+  quantizer: {plugin: gguf}
+  sampler:
+    plugin: test-greedy
+    temperature_floor: 0.25
+    top_k: 40
+    tie_break: highest
+    scratch: 512KiB
+    timeout: 250ms
+    label: "my sampler"
+    verbose: yes
+    banned_words: [foo, bar]
+    aliases: {a: b, c: d}
+  drafter:   {plugin: ngram, num_draft_tokens: 4}
+gateway:
+  cache:  [{plugin: exact, ttl: 10m}, {plugin: semantic, threshold: 0.92, ttl: 1h}]
+  router: {plugin: classifier, routes: {simple: small, complex: large}}
+server:  {host: 0.0.0.0, port: 9000, api_keys: [k1, k2]}
+)");
+  // The test plugin dir comes from plugin_paths; start from a registry without it.
+  PluginRegistry fresh;
+  for (const auto& m : kStubs) fresh.add_builtin(&m);
+  StackConfig config = load_stack_config(file.string(), fresh);
+
+  CHECK(config.file == file.string());
+  REQUIRE(config.plugin_paths.size() == 1);
+  CHECK(fs::equivalent(config.plugin_paths[0], test_plugin_dir()));
+  CHECK(config.model.path == "smollm2-135m-instruct-q4_1");
+  CHECK(config.model.name == "smollm2-135m-instruct-q4_1");
+  CHECK(config.model.threads == 2);
+  CHECK(config.model.context_length == 2048);
+
+  REQUIRE(config.engine.size() == 7);
+  CHECK(config.engine.at(PluginKind::kBackend).plugin == "cpu");
+  const PluginSlot& scheduler = config.engine.at(PluginKind::kScheduler);
+  CHECK(scheduler.plugin == "chunked-prefill");
+  CHECK(scheduler.file == file.string());
+  CHECK(scheduler.config.plugin_name() == "chunked-prefill");
+  CHECK(scheduler.config.key_path() == "engine.scheduler");
+  CHECK(scheduler.config.get_int("max_num_seqs") == 32);
+  const PluginConfig& kv = config.engine.at(PluginKind::kKvCache).config;
+  CHECK(kv.get_int("memory") == 256 * 1024 * 1024);
+  CHECK(kv.get_bool("prefix_caching"));
+  CHECK(kv.get_string("dtype") == "f16");  // default filled in
+
+  const PluginConfig& sampler = config.engine.at(PluginKind::kSampler).config;
+  CHECK(sampler.get_float("temperature_floor") == doctest::Approx(0.25));
+  CHECK(sampler.get_int("top_k") == 40);
+  CHECK(sampler.get_string("tie_break") == "highest");
+  CHECK(sampler.get_int("scratch") == 512 * 1024);
+  CHECK(sampler.get_float("timeout") == doctest::Approx(0.25));
+  CHECK(sampler.get_string("label") == "my sampler");
+  CHECK(sampler.get_bool("verbose"));
+  CHECK(sampler.get_string_list("banned_words") == std::vector<std::string>{"foo", "bar"});
+  CHECK(sampler.get_string_map("aliases") ==
+        std::map<std::string, std::string>{{"a", "b"}, {"c", "d"}});
+  CHECK_FALSE(sampler.has("note"));  // optional, absent
+
+  CHECK(config.engine.at(PluginKind::kDrafter).config.get_int("num_draft_tokens") == 4);
+
+  REQUIRE(config.cache_layers.size() == 2);
+  CHECK(config.cache_layers[0].plugin == "exact");
+  CHECK(config.cache_layers[0].config.get_float("ttl") == 600.0);
+  CHECK(config.cache_layers[0].config.key_path() == "gateway.cache[0]");
+  CHECK(config.cache_layers[1].config.get_float("ttl") == 3600.0);
+  CHECK(config.cache_layers[1].config.get_float("threshold") == doctest::Approx(0.92));
+  REQUIRE(config.router.has_value());
+  CHECK(config.router->config.get_string_map("routes").at("complex") == "large");
+
+  CHECK(config.server.host == "0.0.0.0");
+  CHECK(config.server.port == 9000);
+  CHECK(config.server.api_keys == std::vector<std::string>{"k1", "k2"});
+
+  // Plugins created from validated slots work.
+  auto object = fresh.create<Sampler>("test-greedy", sampler, {});
+  CHECK(object != nullptr);
+}
+
+TEST_CASE("missing engine slots get the default plugins; the drafter is off unless set") {
+  auto dir = test::scratch_dir("config-defaults");
+  auto registry = make_registry();
+  auto file = write_file(dir / "min.yaml", "model: {path: m.gguf}\n");
+  StackConfig config = load_stack_config(file.string(), *registry);
+  CHECK(config.engine.size() == 6);
+  CHECK(config.engine.count(PluginKind::kDrafter) == 0);
+  CHECK(config.engine.at(PluginKind::kScheduler).plugin == "static");
+  CHECK(config.engine.at(PluginKind::kScheduler).config.get_int("max_batch_tokens") == 512);
+  CHECK(config.engine.at(PluginKind::kKvCache).config.get_int("memory") == 256 << 20);
+  CHECK(config.model.name == "m");
+  CHECK(config.server.port == 8080);
+  CHECK(config.server.host == "127.0.0.1");
+  CHECK(config.cache_layers.empty());
+  CHECK_FALSE(config.router.has_value());
+
+  // A section with everything commented out is empty, not an error.
+  file = write_file(dir / "empty-sections.yaml", "model: {path: m.gguf}\nengine:\ngateway:\nserver:\n");
+  config = load_stack_config(file.string(), *registry);
+  CHECK(config.engine.size() == 6);
+  CHECK(config.server.port == 8080);
+
+  // `plugin: none` switches the drafter off explicitly.
+  file = write_file(dir / "none.yaml",
+                    "model: {path: m.gguf}\nengine: {drafter: {plugin: none}, sampler: {plugin: "
+                    "test-greedy}}\n");
+  config = load_stack_config(file.string(), *registry);
+  CHECK(config.engine.count(PluginKind::kDrafter) == 0);
+  CHECK(config.engine.at(PluginKind::kSampler).plugin == "test-greedy");
+}
+
+TEST_CASE("a missing default plugin is reported against its slot") {
+  auto dir = test::scratch_dir("config-missing-default");
+  auto file = write_file(dir / "min.yaml", "model: {path: m.gguf}\n");
+  auto registry = make_registry(/*skip=*/"static");
+  check_single(load_errors(file, *registry),
+               file.string() +
+                   ": engine.scheduler: not set, and the default scheduler plugin is not "
+                   "available: unknown scheduler plugin 'static'; registered scheduler plugins: "
+                   "chunked-prefill");
+  file = write_file(dir / "with-engine.yaml", "model: {path: m.gguf}\nengine: {}\n");
+  check_single(load_errors(file, *registry),
+               file.string() +
+                   ":2:1: engine.scheduler: not set, and the default scheduler plugin is not "
+                   "available: unknown scheduler plugin 'static'; registered scheduler plugins: "
+                   "chunked-prefill");
+
+  // A registry with only the core's built-ins knows backend.cpu and its schema.
+  PluginRegistry bare;
+  REQUIRE(bare.find(PluginKind::kBackend, "cpu") != nullptr);
+  file = write_file(dir / "bare.yaml",
+                    "model: {path: m.gguf}\nengine: {backend: {plugin: cpu, threads: -2}}\n");
+  auto issues = load_errors(file, bare);
+  INFO(dump(issues));
+  CHECK(has_issue(issues, file.string() + ":2:42: engine.backend.threads: expected an integer in "
+                                          "[0, 1024], got -2"));
+  CHECK(has_issue(issues, file.string() + ":2:1: engine.scheduler: not set, and the default "
+                                          "scheduler plugin is not available: unknown scheduler "
+                                          "plugin 'static'; no scheduler plugins are registered"));
+}
+
+TEST_CASE("extends: the child overrides the base; maps merge, other values replace") {
+  auto dir = test::scratch_dir("config-extends");
+  write_file(dir / "base" / "base.yaml", R"(model: {path: base.gguf, threads: 4}
+engine:
+  scheduler: {plugin: static, max_num_seqs: 16, max_batch_tokens: 1024}
+  kv_cache: {plugin: paged, block_size: 32}
+  sampler: {plugin: test-greedy, banned_words: [a, b]}
+gateway:
+  cache: [{plugin: exact}]
+server: {port: 8001, api_keys: [base-key]}
+)");
+  auto child = write_file(dir / "variants" / "child.yaml", R"(extends: ../base/base.yaml
+model: {threads: 8}
+engine:
+  scheduler: {max_num_seqs: 64}
+  kv_cache: {plugin: contiguous}
+  sampler: {banned_words: [c]}
+gateway:
+  cache: [{plugin: semantic}]
+server: {api_keys: [child-key]}
+)");
+  auto registry = make_registry();
+  StackConfig config = load_stack_config(child.string(), *registry);
+  CHECK(config.model.path == "base.gguf");
+  CHECK(config.model.threads == 8);
+  const auto& scheduler = config.engine.at(PluginKind::kScheduler);
+  CHECK(scheduler.plugin == "static");
+  CHECK(scheduler.config.get_int("max_num_seqs") == 64);       // child
+  CHECK(scheduler.config.get_int("max_batch_tokens") == 1024);  // base
+  // A different plugin replaces the slot: the base's block_size is not carried over.
+  const auto& kv = config.engine.at(PluginKind::kKvCache);
+  CHECK(kv.plugin == "contiguous");
+  CHECK(kv.config.get_int("block_size") == 16);
+  CHECK(config.engine.at(PluginKind::kSampler).config.get_string_list("banned_words") ==
+        std::vector<std::string>{"c"});
+  REQUIRE(config.cache_layers.size() == 1);
+  CHECK(config.cache_layers[0].plugin == "semantic");
+  CHECK(config.server.port == 8001);
+  CHECK(config.server.api_keys == std::vector<std::string>{"child-key"});
+
+  // An error in a value set by the base file points into the base file.
+  auto bad = write_file(dir / "variants" / "bad.yaml",
+                        "extends: ../base/base.yaml\nengine: {scheduler: {max_batch_tokens: 0}}\n");
+  check_single(load_errors(bad, *registry),
+               (dir / "variants" / "bad.yaml").string() +
+                   ":2:40: engine.scheduler.max_batch_tokens: expected an integer >= 1, got 0");
+  write_file(dir / "base" / "broken.yaml", "model: {path: x, threads: -1}\n");
+  auto uses_broken = write_file(dir / "v2.yaml", "extends: base/broken.yaml\nengine: {sampler: {plugin: test-greedy}}\n");
+  check_single(load_errors(uses_broken, *registry),
+               (dir / "base" / "broken.yaml").string() +
+                   ":1:27: model.threads: expected an integer >= 0, got -1");
+}
+
+TEST_CASE("extends: cycles and missing bases are reported where extends is written") {
+  auto dir = test::scratch_dir("config-extends-errors");
+  write_file(dir / "a.yaml", "extends: b.yaml\nmodel: {path: x}\n");
+  write_file(dir / "b.yaml", "extends: a.yaml\n");
+  auto issues = load_errors(dir / "a.yaml");
+  INFO(dump(issues));
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].file == (dir / "b.yaml").string());
+  CHECK(issues[0].line == 1);
+  CHECK(issues[0].column == 10);
+  CHECK(issues[0].key_path == "extends");
+  CHECK(issues[0].message == "extends cycle: " + (dir / "a.yaml").string() + " -> " +
+                                 (dir / "b.yaml").string() + " -> " + (dir / "a.yaml").string());
+
+  write_file(dir / "self.yaml", "extends: ./self.yaml\n");
+  issues = load_errors(dir / "self.yaml");
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].message.find("extends cycle") == 0);
+
+  auto missing = write_file(dir / "missing.yaml", "model: {path: x}\nextends: nope/base.yaml\n");
+  check_single(load_errors(missing),
+               missing.string() + ":2:10: extends: cannot read '" +
+                   (dir / "nope" / "base.yaml").string() +
+                   "': cannot open file: No such file or directory");
+
+  auto not_string = write_file(dir / "list.yaml", "extends: [a.yaml]\n");
+  check_single(load_errors(not_string),
+               not_string.string() +
+                   ":1:10: extends: expected the path of a base config file, got a list");
+}
+
+TEST_CASE("a file that does not exist, and YAML syntax errors with their line") {
+  auto dir = test::scratch_dir("config-syntax");
+  check_single(load_errors(dir / "absent.yaml"),
+               (dir / "absent.yaml").string() + ": cannot open file: No such file or directory");
+
+  auto file = write_file(dir / "syntax.yaml", "model: {path: x}\nengine:\n  scheduler: {plugin: static\n");
+  auto issues = load_errors(file);
+  INFO(dump(issues));
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].file == file.string());
+  CHECK(issues[0].line >= 3);
+  CHECK(issues[0].message.find("YAML syntax error: ") == 0);
+
+  file = write_file(dir / "tabs.yaml", "model:\n  path: x\n   bad: indentation\n");
+  issues = load_errors(file);
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].line == 3);
+  CHECK(issues[0].message.find("YAML syntax error") == 0);
+
+  file = write_file(dir / "scalar.yaml", "just a string\n");
+  check_single(load_errors(file), file.string() +
+                                      ":1:1: the top level of a config file must be a mapping, "
+                                      "got \"just a string\"");
+
+  file = write_file(dir / "dup.yaml", "model: {path: x}\nserver: {port: 1}\nserver: {port: 2}\n");
+  check_single(load_errors(file), file.string() + ":3:1: duplicate key 'server' (first set at line 2)");
+}
+
+TEST_CASE("unknown keys at every level, gathered in one ConfigError with line:col") {
+  auto dir = test::scratch_dir("config-unknown");
+  auto file = write_file(dir / "unknown.yaml", R"(model: {path: x, thread: 2}
+engin: {}
+engine:
+  schedular: {plugin: static}
+  kv_cache: {plugin: paged, blocksize: 8}
+  attention: {plugin: naive, tiles: 4}
+gateway:
+  cache: [{plugin: exact, ttl: 1m, size: 10}]
+  routers: {}
+server: {host: localhost, prot: 80}
+)");
+  auto issues = load_errors(file);
+  INFO(dump(issues));
+  const std::string f = file.string();
+  CHECK(has_issue(issues, f + ":2:1: unknown key 'engin'; did you mean 'engine'? expected one "
+                              "of: extends, plugin_paths, model, engine, gateway, server"));
+  CHECK(has_issue(issues, f + ":1:18: model: unknown key 'thread'; did you mean 'threads'? "
+                              "expected one of: path, name, threads, context_length"));
+  CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
+                              "'scheduler'? expected one of: backend, scheduler, kv_cache, "
+                              "attention, quantizer, sampler, drafter"));
+  CHECK(has_issue(issues, f + ":5:29: engine.kv_cache: unknown key 'blocksize'; did you mean "
+                              "'block_size'? expected one of: plugin, memory, block_size, dtype, "
+                              "prefix_caching"));
+  CHECK(has_issue(issues, f + ":6:30: engine.attention: unknown key 'tiles'; plugin 'naive' "
+                              "takes no parameters"));
+  CHECK(has_issue(issues, f + ":8:36: gateway.cache[0]: unknown key 'size'; expected one of: "
+                              "plugin, ttl"));
+  CHECK(has_issue(issues, f + ":9:3: gateway: unknown key 'routers'; did you mean 'router'? "
+                              "expected one of: cache, router"));
+  CHECK(has_issue(issues, f + ":10:27: server: unknown key 'prot'; did you mean 'port'? "
+                              "expected one of: host, port, api_keys"));
+  CHECK(issues.size() == 8);
+}
+
+TEST_CASE("wrong types, ranges, enums, sizes and required values") {
+  auto dir = test::scratch_dir("config-values");
+  auto file = write_file(dir / "values.yaml", R"(model:
+  threads: "abc"
+  context_length: 1.5
+engine:
+  scheduler: {plugin: static, max_num_seqs: 0, max_batch_tokens: "abc"}
+  kv_cache: {plugin: paged, dtype: f8, memory: 256XB, prefix_caching: maybe, block_size: [16]}
+  sampler: {plugin: test-greedy, timeout: 5y, scratch: 2GiB, temperature_floor: hot, label: {a: b}}
+gateway:
+  cache: {plugin: exact}
+  router: {plugin: classifier}
+server: {port: 70000, api_keys: key}
+)");
+  auto issues = load_errors(file);
+  INFO(dump(issues));
+  const std::string f = file.string();
+  CHECK(has_issue(issues, f + ":1:1: model: missing required key 'path' (a string)"));
+  CHECK(has_issue(issues, f + ":2:12: model.threads: expected an integer >= 0, got \"abc\""));
+  CHECK(has_issue(issues, f + ":3:19: model.context_length: expected an integer in [0, "
+                              "1073741824], got 1.5"));
+  CHECK(has_issue(issues, f + ":5:45: engine.scheduler.max_num_seqs: expected an integer in [1, "
+                              "4096], got 0"));
+  CHECK(has_issue(issues, f + ":5:66: engine.scheduler.max_batch_tokens: expected an integer "
+                              ">= 1, got \"abc\""));
+  CHECK(has_issue(issues, f + ":6:36: engine.kv_cache.dtype: expected one of: f16, f32, got "
+                              "\"f8\""));
+  CHECK(has_issue(issues, f + ":6:48: engine.kv_cache.memory: unknown size unit 'XB'; use B, KB, "
+                              "MB, GB, TB, KiB, MiB, GiB or TiB in \"256XB\" (a size >= 1MiB (e.g. "
+                              "4096, 512KiB, 256MiB, 1GB))"));
+  CHECK(has_issue(issues, f + ":6:71: engine.kv_cache.prefix_caching: expected a boolean (true "
+                              "or false), got \"maybe\""));
+  CHECK(has_issue(issues, f + ":6:90: engine.kv_cache.block_size: expected an integer in [1, "
+                              "1024], got a list"));
+  CHECK(has_issue(issues, f + ":7:43: engine.sampler.timeout: unknown duration unit 'y'; use ms, "
+                              "s, m, h or d (a plain number is seconds) in \"5y\" (a duration in "
+                              "[0s, 1h] (e.g. 250ms, 10s, 10m, 1h))"));
+  CHECK(has_issue(issues, f + ":7:56: engine.sampler.scratch: expected a size in [0, 1GiB] (e.g. "
+                              "4096, 512KiB, 256MiB, 1GB), got \"2GiB\""));
+  CHECK(has_issue(issues, f + ":7:81: engine.sampler.temperature_floor: expected a number in [0, "
+                              "10], got \"hot\""));
+  CHECK(has_issue(issues, f + ":7:93: engine.sampler.label: expected a string, got a mapping"));
+  CHECK(has_issue(issues, f + ":9:10: gateway.cache: expected a list of cache layer slots, got a "
+                              "mapping"));
+  CHECK(has_issue(issues, f + ":10:3: gateway.router: missing required parameter 'routes' (a "
+                              "mapping of strings to strings)"));
+  CHECK(has_issue(issues, f + ":11:16: server.port: expected an integer in [1, 65535], got 70000"));
+  CHECK(has_issue(issues, f + ":11:33: server.api_keys: expected a list of strings, got \"key\""));
+  CHECK(issues.size() == 17);
+}
+
+TEST_CASE("plugin names: unknown lists the registered ones, wrong kind, refused library") {
+  auto dir = test::scratch_dir("config-plugins");
+  auto file = write_file(dir / "plugins.yaml", R"(model: {path: x}
+engine:
+  sampler: {plugin: static}
+  scheduler: {plugin: continuous}
+  kv_cache: {max_blocks: 3}
+  drafter: {plugin: test-abi-mismatch}
+  attention: naive
+gateway:
+  cache: [{plugin: redis}]
+)");
+  auto issues = load_errors(file);
+  INFO(dump(issues));
+  const std::string f = file.string();
+  CHECK(has_issue(issues, f + ":3:21: engine.sampler: plugin 'static' is a scheduler, not a "
+                              "sampler"));
+  CHECK(has_issue(issues, f + ":4:23: engine.scheduler: unknown scheduler plugin 'continuous'; "
+                              "registered scheduler plugins: chunked-prefill, static"));
+  CHECK(has_issue(issues, f + ":5:3: engine.kv_cache: missing key 'plugin' (the kv_cache "
+                              "plugin's name; registered: contiguous, paged)"));
+  CHECK(has_issue(issues, f + ":6:21: engine.drafter: plugin 'test-abi-mismatch' could not be "
+                              "loaded: libtessera-test-abi-mismatch.so: built for Tessera SDK ABI "
+                              "2.0, this host implements ABI 1.0 (the major versions must match)"));
+  CHECK(has_issue(issues, f + ":7:14: engine.attention: expected a plugin slot {plugin: NAME, "
+                              "...parameters}, got \"naive\""));
+  CHECK(has_issue(issues, f + ":9:20: gateway.cache[0]: unknown cache_layer plugin 'redis'; "
+                              "registered cache_layer plugins: exact, semantic"));
+  CHECK(issues.size() == 6);
+}
+
+TEST_CASE("plugin_paths are relative to the file that names them and must exist") {
+  auto dir = test::scratch_dir("config-plugin-paths");
+  auto rel = fs::relative(test_plugin_dir(), dir / "sub").string();
+  write_file(dir / "sub" / "base.yaml", "plugin_paths: [" + rel + "]\nmodel: {path: x}\n");
+  auto file = write_file(dir / "child.yaml",
+                         "extends: sub/base.yaml\nengine: {sampler: {plugin: test-greedy}}\n");
+  PluginRegistry registry;
+  for (const auto& m : kStubs) registry.add_builtin(&m);
+  StackConfig config = load_stack_config(file.string(), registry);
+  CHECK(config.engine.at(PluginKind::kSampler).plugin == "test-greedy");
+
+  auto bad = write_file(dir / "bad.yaml", "plugin_paths: [no-such-dir, 3]\nmodel: {path: x}\n"
+                                          "engine: {sampler: {plugin: test-greedy}}\n");
+  auto issues = load_errors(bad);
+  INFO(dump(issues));
+  CHECK(has_issue(issues, bad.string() + ":1:16: plugin_paths[0]: plugin folder '" +
+                              (dir / "no-such-dir").string() + "' does not exist"));
+  CHECK(has_issue(issues, bad.string() + ":1:29: plugin_paths[1]: plugin folder '" +
+                              (dir / "3").string() + "' does not exist"));
+  CHECK(issues.size() == 2);
+}
+
+TEST_CASE("validate_plugin_params: value syntaxes and defaults") {
+  auto registry = make_registry();
+  const PluginManifest& m = *registry->find(PluginKind::kSampler, "test-greedy")->manifest;
+  PluginConfig defaults = validate_plugin_params(m, "engine.sampler", "");
+  CHECK(defaults.plugin_name() == "test-greedy");
+  CHECK(defaults.get_int("scratch") == 1 << 20);
+  CHECK(defaults.get_float("timeout") == 10.0);
+  CHECK(defaults.get_string("label") == "greedy");
+  CHECK(defaults.get_bool("verbose") == false);
+  CHECK(defaults.get_string_list("banned_words").empty());
+  CHECK(defaults.has("aliases"));
+  CHECK_FALSE(defaults.has("note"));
+
+  struct Case {
+    const char* yaml;
+    const char* param;
+    double expected;
+  };
+  const Case cases[] = {
+      {"scratch: 4096", "scratch", 4096},
+      {"scratch: 512KiB", "scratch", 512 * 1024},
+      {"scratch: 256MiB", "scratch", 256.0 * 1024 * 1024},
+      {"scratch: 1GiB", "scratch", 1024.0 * 1024 * 1024},
+      {"scratch: 1GB", "scratch", 1e9},
+      {"scratch: 10MB", "scratch", 1e7},
+      {"scratch: \"4096\"", "scratch", 4096},
+      {"scratch: 1.5KiB", "scratch", 1536},
+      {"scratch: 2 KiB", "scratch", 2048},
+      {"timeout: 250ms", "timeout", 0.25},
+      {"timeout: 10s", "timeout", 10},
+      {"timeout: 10m", "timeout", 600},
+      {"timeout: 1h", "timeout", 3600},
+      {"timeout: 30", "timeout", 30},
+      {"timeout: 1.5", "timeout", 1.5},
+      {"temperature_floor: 1", "temperature_floor", 1},
+      {"temperature_floor: 0.5", "temperature_floor", 0.5},
+      {"top_k: 7", "top_k", 7},
+      {"top_k: +7", "top_k", 7},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.yaml);
+    PluginConfig config = validate_plugin_params(m, "s", c.yaml);
+    CHECK(config.get_float(c.param) == doctest::Approx(c.expected));
+  }
+  for (const char* yes : {"true", "yes", "on", "True"})
+    CHECK(validate_plugin_params(m, "s", std::string("verbose: ") + yes).get_bool("verbose"));
+  for (const char* no : {"false", "no", "off"})
+    CHECK_FALSE(validate_plugin_params(m, "s", std::string("verbose: ") + no).get_bool("verbose"));
+
+  auto message = [&](const std::string& yaml) -> std::string {
+    try {
+      validate_plugin_params(m, "engine.sampler", yaml);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  CHECK(message("top_k: abc") ==
+        "<params>:1:8: engine.sampler.top_k: expected an integer in [1, 1000], got \"abc\"");
+  CHECK(message("top_k: 1.5") ==
+        "<params>:1:8: engine.sampler.top_k: expected an integer in [1, 1000], got 1.5");
+  CHECK(message("top_k: 0") ==
+        "<params>:1:8: engine.sampler.top_k: expected an integer in [1, 1000], got 0");
+  CHECK(message("scratch: 1.5") ==
+        "<params>:1:10: engine.sampler.scratch: expected a size in [0, 1GiB] (e.g. 4096, "
+        "512KiB, 256MiB, 1GB), got 1.5");
+  CHECK(message("scratch: -1") ==
+        "<params>:1:10: engine.sampler.scratch: expected a size in [0, 1GiB] (e.g. 4096, "
+        "512KiB, 256MiB, 1GB), got -1");
+  CHECK(message("timeout: -1s") ==
+        "<params>:1:10: engine.sampler.timeout: expected a duration in [0s, 1h] (e.g. 250ms, "
+        "10s, 10m, 1h), got \"-1s\"");
+  CHECK(message("temperature_floor: .nan") ==
+        "<params>:1:20: engine.sampler.temperature_floor: expected a number in [0, 10], got "
+        "\".nan\"");
+  CHECK(message("banned_words: [a, [b]]") ==
+        "<params>:1:15: engine.sampler.banned_words: element 1 is a list (a list of strings)");
+  CHECK(message("label:") == "<params>:1:1: engine.sampler.label: expected a string, got nothing");
+  CHECK(message("plugin: x") ==
+        "<params>:1:1: engine.sampler: unknown key 'plugin'; expected one of: temperature_floor, "
+        "top_k, tie_break, scratch, timeout, label, verbose, banned_words, aliases, note");
+  CHECK(message("[1, 2]") == "<params>:1:1: engine.sampler: expected a mapping of parameters, got a list");
+  CHECK(message("{a: ") .find("<params>:1:") == 0);
+  CHECK(message("top_k: 2\ntie_break: middle\nverbose: 3") ==
+        "<params>:2:12: engine.sampler.tie_break: expected one of: lowest, highest, got "
+        "\"middle\"\n<params>:3:10: engine.sampler.verbose: expected a boolean (true or false), "
+        "got 3");
+}
+
+TEST_CASE("describe_param_expectation and format_param_value") {
+  auto registry = make_registry();
+  const PluginManifest& m = *registry->find(PluginKind::kSampler, "test-greedy")->manifest;
+  CHECK(describe_param_expectation(spec_named(m, "top_k")) == "an integer in [1, 1000]");
+  CHECK(describe_param_expectation(spec_named(m, "tie_break")) == "one of: lowest, highest");
+  CHECK(describe_param_expectation(kSchedulerParams[1]) == "an integer >= 1");
+  PluginConfig defaults = validate_plugin_params(m, "s", "{aliases: {x: y}, banned_words: [p, q]}");
+  auto fmt = [&](const char* name) {
+    return format_param_value(spec_named(m, name), defaults.values().at(name));
+  };
+  CHECK(fmt("scratch") == "1MiB");
+  CHECK(fmt("timeout") == "10s");
+  CHECK(fmt("temperature_floor") == "0");
+  CHECK(fmt("verbose") == "false");
+  CHECK(fmt("aliases") == "{x: y}");
+  CHECK(fmt("banned_words") == "[p, q]");
+  CHECK(format_param_value(spec_named(m, "timeout"), ParamValue(0.25)) == "250ms");
+  CHECK(format_param_value(spec_named(m, "timeout"), ParamValue(600.0)) == "10m");
+  CHECK(format_param_value(spec_named(m, "scratch"), ParamValue(int64_t{1000})) == "1000");
+}
+
+TEST_CASE("model paths: cache dir, aliases, paths relative to the config file") {
+  auto dir = test::scratch_dir("config-models");
+  auto cache = dir / "cache";
+  write_file(cache / "SmolLM2-135M-Instruct.Q4_1.gguf", "GGUF");
+  write_file(cache / "other.gguf", "GGUF");
+  write_file(dir / "stacks" / "local.gguf", "GGUF");
+  setenv("TESSERA_MODEL_DIR", cache.c_str(), 1);
+  CHECK(model_cache_dir() == cache.string());
+  CHECK(resolve_model_path("smollm2-135m-instruct-q4_1") ==
+        (cache / "SmolLM2-135M-Instruct.Q4_1.gguf").string());
+  CHECK(resolve_model_path("other") == (cache / "other.gguf").string());
+  CHECK(resolve_model_path("OTHER.gguf") == (cache / "other.gguf").string());
+  CHECK(resolve_model_path((dir / "stacks" / "local.gguf").string()) ==
+        (dir / "stacks" / "local.gguf").string());
+  CHECK(resolve_model_path("local.gguf", (dir / "stacks").string()) ==
+        (dir / "stacks" / "local.gguf").string());
+  try {
+    resolve_model_path("nope-7b");
+    FAIL("expected an error");
+  } catch (const std::runtime_error& e) {
+    std::string what = e.what();
+    CHECK(what.find("model 'nope-7b' not found (looked in ") == 0);
+    CHECK(what.find((cache / "nope-7b.gguf").string()) != std::string::npos);
+    CHECK(what.find("); run scripts/fetch-models.sh to download it") != std::string::npos);
+  }
+
+  // A relative model path in a config is relative to that config's folder.
+  auto file = write_file(dir / "stacks" / "s.yaml",
+                         "model: {path: local.gguf}\nengine: {sampler: {plugin: test-greedy}}\n");
+  auto registry = make_registry();
+  StackConfig config = load_stack_config(file.string(), *registry);
+  CHECK(config.model.path == (dir / "stacks" / "local.gguf").string());
+  CHECK(config.model.name == "local");
+
+  unsetenv("TESSERA_MODEL_DIR");
+  const char* home = std::getenv("HOME");
+  if (home && *home)
+    CHECK(model_cache_dir() == (fs::path(home) / ".cache" / "tessera" / "models").string());
+}

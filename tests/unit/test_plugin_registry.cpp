@@ -1,0 +1,260 @@
+// Plugin registry: loading the test plugins (tests/plugins), refusing libraries built for
+// another SDK ABI, duplicate names, and object lifetimes that outlive the registry.
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "support/test_env.h"
+#include "tessera/config.h"
+#include "tessera/plugin_registry.h"
+#include "tessera/sdk/sampler.h"
+#include "tessera/sdk/scheduler.h"
+
+namespace {
+
+using namespace tessera;
+
+std::filesystem::path test_plugin_dir() {
+  return test::env_or("TESSERA_TEST_PLUGIN_DIR", (test::build_dir() / "test-plugins").string());
+}
+
+const PluginLoadError* find_load_error(const PluginRegistry& registry, const std::string& file) {
+  for (const auto& e : registry.load_errors())
+    if (std::filesystem::path(e.library_path).filename() == file) return &e;
+  return nullptr;
+}
+
+// Whether the dynamic loader still has `path` mapped. RTLD_NOLOAD never loads; the handle it
+// returns holds a reference, so it is closed at once.
+bool is_loaded(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (!handle) return false;
+  dlclose(handle);
+  return true;
+}
+
+int live_objects(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(handle != nullptr);
+  auto fn = reinterpret_cast<int (*)()>(dlsym(handle, "tessera_test_live_objects"));
+  REQUIRE(static_cast<bool>(fn));
+  int n = fn();
+  dlclose(handle);
+  return n;
+}
+
+// A scheduler compiled into the test, registered as a built-in.
+Status create_nothing(const PluginConfig&, const PluginContext&, void**) {
+  return unimplemented("stub");
+}
+void destroy_nothing(void*) {}
+const PluginManifest kStaticScheduler = {
+    {kPluginMagic, kSdkAbiMajor, kSdkAbiMinor, 0, kSdkToolchain},
+    PluginKind::kScheduler, "static", "1.0.0", "stub", PluginStatus::kStable,
+    nullptr, 0, &create_nothing, &destroy_nothing};
+
+}  // namespace
+
+TEST_CASE("a new registry holds the core's built-in backend.cpu") {
+  PluginRegistry registry;
+  const PluginInfo* cpu = registry.find(PluginKind::kBackend, "cpu");
+  REQUIRE(cpu != nullptr);
+  CHECK(cpu->library_path.empty());
+  CHECK(cpu->qualified_name() == "backend.cpu");
+  CHECK(registry.all().size() == 1);
+  CHECK(registry.load_errors().empty());
+}
+
+TEST_CASE("parse_plugin_kind knows every kind and nothing else") {
+  for (int i = 0; i < kNumPluginKinds; ++i) {
+    PluginKind kind{};
+    auto expected = static_cast<PluginKind>(i);
+    CHECK(parse_plugin_kind(plugin_kind_name(expected), &kind));
+    CHECK(kind == expected);
+  }
+  PluginKind kind{};
+  CHECK_FALSE(parse_plugin_kind("kv-cache", &kind));
+  CHECK_FALSE(parse_plugin_kind("", &kind));
+  CHECK_FALSE(parse_plugin_kind("samplers", &kind));
+}
+
+TEST_CASE("the test plugin dir loads the sampler and refuses the ABI 2.0 build") {
+  PluginRegistry registry;
+  registry.scan_directory(test_plugin_dir());
+
+  const PluginInfo* info = registry.find(PluginKind::kSampler, "test-greedy");
+  REQUIRE(info != nullptr);
+  CHECK(info->qualified_name() == "sampler.test-greedy");
+  CHECK(std::string(info->manifest->version) == "0.1.0");
+  CHECK(info->manifest->num_params == 10);
+  CHECK(std::filesystem::path(info->library_path).filename() == "libtessera-test-greedy.so");
+  CHECK(registry.names_of(PluginKind::kSampler) == "test-greedy");
+  CHECK(registry.list(PluginKind::kScheduler).empty());
+  CHECK(registry.all().size() == 2);  // and the core's built-in backend.cpu
+
+  // Refused, with a message naming both versions.
+  CHECK(registry.find(PluginKind::kSampler, "test-abi-mismatch") == nullptr);
+  const PluginLoadError* error = find_load_error(registry, "libtessera-test-abi-mismatch.so");
+  REQUIRE(error != nullptr);
+  CHECK(error->plugin_name == "test-abi-mismatch");
+  CHECK(error->message ==
+        "libtessera-test-abi-mismatch.so: built for Tessera SDK ABI 2.0, this host implements "
+        "ABI 1.0 (the major versions must match)");
+}
+
+TEST_CASE("a refused library's error is what create reports for its name") {
+  PluginRegistry registry;
+  registry.scan_directory(test_plugin_dir());
+  PluginConfig config("test-abi-mismatch", "engine.sampler", {});
+  try {
+    registry.create_raw(PluginKind::kSampler, "test-abi-mismatch", config, {});
+    FAIL("expected PluginError");
+  } catch (const PluginError& e) {
+    std::string what = e.what();
+    CHECK(what.find("engine.sampler: plugin 'test-abi-mismatch' could not be loaded") == 0);
+    CHECK(what.find("ABI 2.0") != std::string::npos);
+    CHECK(what.find("ABI 1.0") != std::string::npos);
+  }
+}
+
+TEST_CASE("newer minor ABI, missing manifest and duplicate names are load errors") {
+  PluginRegistry registry;
+  registry.scan_directory(test_plugin_dir());
+  registry.scan_directory(test_plugin_dir() / "extra");
+
+  const PluginLoadError* newer = find_load_error(registry, "libtessera-test-abi-newer.so");
+  REQUIRE(newer != nullptr);
+  CHECK(newer->message.find("built for Tessera SDK ABI 1.1, this host implements ABI 1.0") !=
+        std::string::npos);
+
+  const PluginLoadError* no_manifest = find_load_error(registry, "libtessera-test-no-manifest.so");
+  REQUIRE(no_manifest != nullptr);
+  CHECK(no_manifest->message.find("no 'tessera_plugin_manifest' symbol") != std::string::npos);
+
+  // The copy registers sampler.test-greedy again: the first one wins, the copy is refused.
+  const PluginLoadError* duplicate = find_load_error(registry, "libtessera-test-greedy-copy.so");
+  REQUIRE(duplicate != nullptr);
+  CHECK(duplicate->plugin_name == "test-greedy");
+  CHECK(duplicate->message.find("sampler.test-greedy is already registered") != std::string::npos);
+  const PluginInfo* info = registry.find(PluginKind::kSampler, "test-greedy");
+  REQUIRE(info != nullptr);
+  CHECK(std::filesystem::path(info->library_path).filename() == "libtessera-test-greedy.so");
+}
+
+TEST_CASE("scanning a folder twice loads each library once; missing folders are ignored") {
+  PluginRegistry registry;
+  registry.scan_directory(test_plugin_dir());
+  size_t errors = registry.load_errors().size();
+  registry.scan_directory(test_plugin_dir());
+  registry.scan_directory(test_plugin_dir() / "." / "");
+  registry.scan_directory(test_plugin_dir() / "does-not-exist");
+  CHECK(registry.load_errors().size() == errors);
+  CHECK(registry.list(PluginKind::kSampler).size() == 1);
+}
+
+TEST_CASE("TESSERA_PLUGIN_PATH and extra folders are scanned by scan_default_paths") {
+  std::string dirs = "/nonexistent-tessera-dir:" + test_plugin_dir().string();
+  setenv("TESSERA_PLUGIN_PATH", dirs.c_str(), 1);
+  PluginRegistry registry;
+  registry.scan_default_paths({test_plugin_dir() / "extra"});
+  unsetenv("TESSERA_PLUGIN_PATH");
+  CHECK(registry.find(PluginKind::kSampler, "test-greedy") != nullptr);
+  CHECK(find_load_error(registry, "libtessera-test-greedy-copy.so") != nullptr);
+  const auto& dirs_seen = registry.scanned_dirs();
+  CHECK(std::find(dirs_seen.begin(), dirs_seen.end(), test_plugin_dir().string()) !=
+        dirs_seen.end());
+}
+
+TEST_CASE("built-ins: duplicates throw, wrong kind and unknown names are explained") {
+  PluginRegistry registry;
+  registry.scan_directory(test_plugin_dir());
+  registry.add_builtin(&kStaticScheduler);
+  CHECK_THROWS_AS(registry.add_builtin(&kStaticScheduler), PluginError);
+  CHECK(registry.find(PluginKind::kScheduler, "static")->library_path.empty());
+
+  PluginConfig config("static", "engine.sampler", {});
+  try {
+    registry.create_raw(PluginKind::kSampler, "static", config, {});
+    FAIL("expected PluginError");
+  } catch (const PluginError& e) {
+    CHECK(std::string(e.what()) == "engine.sampler: plugin 'static' is a scheduler, not a sampler");
+  }
+  try {
+    registry.create_raw(PluginKind::kSampler, "nucleus", config, {});
+    FAIL("expected PluginError");
+  } catch (const PluginError& e) {
+    CHECK(std::string(e.what()) ==
+          "engine.sampler: unknown sampler plugin 'nucleus'; registered sampler plugins: "
+          "test-greedy");
+  }
+  // A failing create comes back as a PluginError naming the plugin and slot.
+  PluginConfig scheduler_config("static", "engine.scheduler", {});
+  try {
+    registry.create_raw(PluginKind::kScheduler, "static", scheduler_config, {});
+    FAIL("expected PluginError");
+  } catch (const PluginError& e) {
+    CHECK(std::string(e.what()) == "engine.scheduler: plugin 'static': stub");
+  }
+  PluginRegistry empty;
+  CHECK(empty.describe_missing(PluginKind::kDrafter, "ngram") ==
+        "unknown drafter plugin 'ngram'; no drafter plugins are registered");
+}
+
+TEST_CASE("a created sampler works and keeps its library loaded after the registry is gone") {
+  const std::string path = (test_plugin_dir() / "libtessera-test-greedy.so").string();
+  // Another test's registry (now destroyed) may have left it loaded only if an object leaked.
+  CHECK_FALSE(is_loaded(path));
+
+  std::shared_ptr<Sampler> sampler;
+  {
+    PluginRegistry registry;
+    registry.scan_directory(test_plugin_dir());
+    const PluginInfo* info = registry.find(PluginKind::kSampler, "test-greedy");
+    REQUIRE(info != nullptr);
+    PluginConfig config =
+        validate_plugin_params(*info->manifest, "engine.sampler", "{tie_break: highest}");
+    sampler = registry.create<Sampler>("test-greedy", config, {});
+    REQUIRE(sampler);
+    CHECK(live_objects(path) == 1);
+  }
+  // The registry is destroyed; the object still owns a reference to its library.
+  REQUIRE(is_loaded(path));
+  std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f};
+  SamplingParams params;
+  params.num_logprobs = 2;
+  SamplingInput input;
+  input.params = &params;
+  SamplerState state;
+  SampledToken token;
+  REQUIRE(sampler->sample(logits, input, &state, &token).is_ok());
+  CHECK(token.token == 2);  // tie_break: highest
+  CHECK(token.logprob < 0.0f);
+  REQUIRE(token.top.size() == 2);
+  CHECK(token.top[0].logprob == doctest::Approx(token.logprob));
+
+  // Greedy verification accepts drafts while they are the argmax, then adds one token.
+  std::vector<float> r0 = {0, 5, 0}, r1 = {7, 0, 0}, r2 = {0, 0, 9};
+  std::vector<std::span<float>> rows = {r0, r1, r2};
+  std::vector<TokenId> drafts = {1, 2};
+  std::vector<SampledToken> out;
+  REQUIRE(sampler->verify(rows, drafts, input, &state, &out).is_ok());
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].token == 1);
+  CHECK(out[1].token == 0);
+
+  CHECK(live_objects(path) == 1);
+  sampler.reset();
+  // Destroyed through the manifest's destroy, then the last reference to the library went.
+  // (glibc may keep a library mapped when it has STB_GNU_UNIQUE symbols; ours has none.)
+  CHECK_FALSE(is_loaded(path));
+}
+
+TEST_CASE("host_logger forwards to spdlog and never throws") {
+  Logger& logger = host_logger();
+  CHECK(&logger == &host_logger());
+  logger.log(LogLevel::kDebug, "host_logger test message");
+  CHECK(logger.enabled(LogLevel::kError));
+}
