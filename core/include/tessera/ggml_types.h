@@ -38,6 +38,12 @@ uint16_t fp32_to_fp16(float f);
 bool dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 
+// Converts an activation row to a dot type (Q8_0, Q8_1, F16, F32) the way llama.cpp's CPU
+// backend does at run time on x86 (its SIMD from_float): for Q8_x the inverse scale is
+// 127/amax and values round half to even, which differs from quantize_row's reference
+// rounding in the last bit of some elements. Matching it keeps logits close to llama.cpp's.
+bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t n);
+
 // The type activations are converted to before a dot product with a weight row of `type`.
 GgmlType vec_dot_type(GgmlType weight_type);
 // True when vec_dot supports this weight type.

@@ -223,6 +223,30 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
   }
 }
 
+// llama.cpp's run-time activation quantizers (ggml-cpu's x86 quantize_row_q8_0/q8_1):
+// id = 127/amax (not 1/d) and round half to even (_mm256_round_ps with _MM_ROUND_NEAREST).
+template <class Block>
+void quantize_activations_q8(const float* x, Block* y, int64_t n, bool with_sum) {
+  const int64_t nb = n / 32;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float* xb = x + i * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const auto q = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+      y[i].qs[j] = q;
+      sum += q;
+    }
+    if constexpr (requires { y[i].s; }) {
+      if (with_sum) y[i].s = fp32_to_fp16(d * static_cast<float>(sum));
+    }
+  }
+}
+
 void quantize_row_q8_1(const float* x, BlockQ8_1* y, int64_t n) {
   const int64_t nb = n / kQK8_1;
   for (int64_t i = 0; i < nb; ++i) {
@@ -494,6 +518,19 @@ float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const voi
   }
 #endif
   return vec_dot_scalar(weight_type, n, weight_row, x);
+}
+
+bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::Q8_0:
+      quantize_activations_q8(src, static_cast<BlockQ8_0*>(dst), n, false);
+      return true;
+    case GgmlType::Q8_1:
+      quantize_activations_q8(src, static_cast<BlockQ8_1*>(dst), n, true);
+      return true;
+    default:
+      return quantize_row(type, src, dst, n);  // F16/F32 conversions already match
+  }
 }
 
 }  // namespace tessera

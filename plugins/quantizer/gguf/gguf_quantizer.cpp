@@ -85,7 +85,7 @@ class GgufQuantizer final : public Quantizer {
       if (activations_.size() < needed) activations_.resize(needed);
       executor.run(num_tokens, [&](int64_t begin, int64_t end, int) {
         for (int64_t t = begin; t < end; ++t)
-          quantize_row(dot_type, x + t * cols, activations_.data() + t * x_row_bytes, cols);
+          quantize_activation_row(dot_type, x + t * cols, activations_.data() + t * x_row_bytes, cols);
       });
       xq = activations_.data();
     }
