@@ -270,9 +270,11 @@ bool Engine::step() {
   for (const ScheduledSequence& s : plan_.scheduled) {
     Sequence* seq = find_sequence(s.id);
     if (!seq || seq->finished || s.num_new_tokens <= 0) continue;
+    // Prefix-cache hits need no computation.
+    seq->info.num_computed_tokens += s.num_cached_tokens;
     if (seq->timings.first_scheduled < 0) {
       seq->timings.first_scheduled = t;
-      seq->num_cached_prompt_tokens = seq->info.num_computed_tokens;
+      seq->num_cached_prompt_tokens = s.num_cached_tokens;
     }
     seq->info.status = SequenceStatus::kRunning;
     const int32_t start = seq->info.num_computed_tokens;

@@ -4,6 +4,7 @@
 // only to respect max_batch_tokens). The baseline continuous batching is measured against.
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,7 @@ class StaticScheduler final : public Scheduler {
     auto match = [id](const SequenceInfo* s) { return s->id == id; };
     std::erase_if(waiting_, match);
     std::erase_if(running_, match);
+    cached_.erase(id);
   }
 
   Status schedule(KvCacheManager& kv, double now, SchedulePlan* plan) override {
@@ -45,20 +47,26 @@ class StaticScheduler final : public Scheduler {
     int32_t budget = max_batch_tokens_;
     for (size_t i = 0; i < running_.size() && budget > 0;) {
       const SequenceInfo* seq = running_[i];
-      const int32_t n = std::min(seq->num_uncomputed(), budget);
+      auto cached_it = cached_.find(seq->id);
+      const int32_t cached = cached_it == cached_.end() ? 0 : cached_it->second;
+      const int32_t n = std::min(seq->num_uncomputed() - cached, budget);
       if (n <= 0) { ++i; continue; }
-      if (!kv.allocate_slots(*seq, n)) {
+      // allocate_slots counts from num_computed_tokens, which does not include the cached
+      // prefix until the engine applies this plan.
+      if (!kv.allocate_slots(*seq, cached + n)) {
         // Out of memory: preempt the newest arrival of the batch and retry.
         const SequenceInfo* victim = running_.back();
         kv.free(victim->id);
         plan->preempted.push_back(victim->id);
         running_.pop_back();
+        cached_.erase(victim->id);
         waiting_.push_front(victim);
         std::erase_if(plan->scheduled, [&](const ScheduledSequence& s) { return s.id == victim->id; });
         if (victim == seq) continue;  // i now points past the end or at the next sequence
         continue;
       }
-      plan->scheduled.push_back({seq->id, n});
+      plan->scheduled.push_back({seq->id, cached, n});
+      if (cached_it != cached_.end()) cached_.erase(cached_it);
       budget -= n;
       ++i;
     }
@@ -81,7 +89,7 @@ class StaticScheduler final : public Scheduler {
     while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < max_num_seqs_) {
       const SequenceInfo* seq = waiting_.front();
       // Prefix reuse (when the cache offers it) before the first chunk is scheduled.
-      if (seq->num_computed_tokens == 0) kv.attach_cached_prefix(*seq);
+      if (seq->num_computed_tokens == 0) cached_[seq->id] = kv.attach_cached_prefix(*seq);
       waiting_.pop_front();
       running_.push_back(seq);
     }
@@ -102,6 +110,8 @@ class StaticScheduler final : public Scheduler {
   double max_queue_time_;
   std::deque<const SequenceInfo*> waiting_;
   std::vector<const SequenceInfo*> running_;
+  // Prefix-cache hits attached at admission, reported in the sequence's first plan entry.
+  std::map<SeqId, int32_t> cached_;
 };
 
 }  // namespace

@@ -16,7 +16,11 @@ namespace tessera {
 
 struct ScheduledSequence {
   SeqId id = 0;
-  int32_t num_new_tokens = 0;  // tokens fed this step, starting at num_computed_tokens
+  // Tokens the KV cache attached from its prefix cache when this sequence was admitted this
+  // step (the return value of kv.attach_cached_prefix). The engine adds them to
+  // num_computed_tokens before feeding: they need no computation.
+  int32_t num_cached_tokens = 0;
+  int32_t num_new_tokens = 0;  // tokens fed this step, starting after the cached ones
 };
 
 struct RejectedSequence {
