@@ -279,6 +279,11 @@ void PluginRegistry::load_library(const fs::path& path) {
   info.library_path = path.string();
   plugins_.emplace(key, std::move(info));
   plugin_libraries_.emplace(key, library);
+  // Accepted libraries are never unloaded while the process runs: objects they created
+  // (prepared weights, per-sequence state) may outlive the registry and every handle to
+  // them, and code or vtables of an unloaded library would crash their destructors.
+  static auto* const never_unloaded = new std::vector<std::shared_ptr<Library>>();
+  never_unloaded->push_back(library);
   libraries_.push_back(std::move(library));
   spdlog::debug("loaded plugin {}.{} {} from {}", plugin_kind_name(manifest->kind),
                 manifest->name, manifest->version, path.string());

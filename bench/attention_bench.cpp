@@ -1,0 +1,179 @@
+// bench_attention: time and scratch memory of every attention plugin (naive, flash, ...) at
+// 2048 tokens of context, for a whole 2048-token prefill and for one decode query, on a
+// SmolLM2-135M-shaped layer (9 query heads, 3 KV heads, head_dim 64, f16 paged cache).
+//
+//   bench_attention [--threads N] [--context N] [--repeat N] [--plugin-dir DIR]
+//
+// Plugins are loaded from the build's plugin folder (or --plugin-dir / TESSERA_PLUGIN_DIR).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/config.h"
+#include "tessera/ggml_types.h"
+#include "tessera/plugin_registry.h"
+#include "tessera/sdk/attention.h"
+#include "tessera/thread_pool.h"
+
+#ifndef TESSERA_BENCH_PLUGIN_DIR
+#define TESSERA_BENCH_PLUGIN_DIR "build/plugins"
+#endif
+
+namespace {
+
+using namespace tessera;
+
+struct Options {
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int context = 2048;
+  int repeat = 3;
+  std::string plugin_dir;
+};
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  const char* env = std::getenv("TESSERA_PLUGIN_DIR");
+  o.plugin_dir = env && *env ? env : TESSERA_BENCH_PLUGIN_DIR;
+  for (int i = 1; i < argc; ++i) {
+    auto value = [&](const char* flag) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", flag);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (!std::strcmp(argv[i], "--threads")) o.threads = std::atoi(value("--threads"));
+    else if (!std::strcmp(argv[i], "--context")) o.context = std::atoi(value("--context"));
+    else if (!std::strcmp(argv[i], "--repeat")) o.repeat = std::atoi(value("--repeat"));
+    else if (!std::strcmp(argv[i], "--plugin-dir")) o.plugin_dir = value("--plugin-dir");
+    else {
+      std::fprintf(stderr, "usage: %s [--threads N] [--context N] [--repeat N] [--plugin-dir DIR]\n",
+                   argv[0]);
+      std::exit(2);
+    }
+  }
+  o.threads = std::max(1, o.threads);
+  o.context = std::max(1, o.context);
+  o.repeat = std::max(1, o.repeat);
+  return o;
+}
+
+// One layer's K/V pool holding a single sequence of `context` tokens in shuffled blocks.
+struct Pool {
+  AttentionShape shape;
+  std::vector<uint16_t> k, v;
+  std::vector<int32_t> table;
+};
+
+Pool make_pool(int context, std::mt19937& rng) {
+  Pool p;
+  p.shape = {9, 3, 64, 0.125f, 16, KvDtype::kF16};
+  const int num_blocks = (context + p.shape.block_size - 1) / p.shape.block_size;
+  p.table.resize(num_blocks);
+  std::iota(p.table.begin(), p.table.end(), 0);
+  std::shuffle(p.table.begin(), p.table.end(), rng);
+  const size_t n = static_cast<size_t>(num_blocks) * p.shape.block_size * p.shape.num_kv_heads *
+                   p.shape.head_dim;
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  p.k.resize(n);
+  p.v.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    p.k[i] = fp32_to_fp16(unit(rng));
+    p.v[i] = fp32_to_fp16(unit(rng));
+  }
+  return p;
+}
+
+// Median wall time of `repeat` forward calls, in milliseconds, after one warm-up call that
+// also sizes the kernel's scratch. A warm-up slower than a second is the measurement (the
+// naive prefill takes tens of seconds; scratch sizing is noise next to that).
+double time_forward(AttentionKernel& kernel, const Pool& pool, int num_queries, int context,
+                    Executor& executor, int repeat, std::vector<float>* out) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(num_queries) * pool.shape.num_heads * pool.shape.head_dim);
+  for (float& x : q) x = 3.0f * unit(rng);
+  out->assign(q.size(), 0.0f);
+  const AttentionSequence seq{0, num_queries, context, pool.table.data()};
+  AttentionBatch batch;
+  batch.sequences = {&seq, 1};
+  batch.q = q.data();
+  batch.k_pool = pool.k.data();
+  batch.v_pool = pool.v.data();
+  batch.out = out->data();
+  std::vector<double> ms;
+  for (int r = 0; r <= repeat; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    Status st = kernel.forward(pool.shape, batch, executor);
+    const auto end = std::chrono::steady_clock::now();
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "forward failed: %s\n", st.message().c_str());
+      std::exit(1);
+    }
+    const double elapsed = std::chrono::duration<double, std::milli>(end - start).count();
+    if (r > 0 || elapsed > 1000.0) ms.push_back(elapsed);
+    if (r == 0 && elapsed > 1000.0) break;
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = parse_args(argc, argv);
+  PluginRegistry registry;
+  registry.scan_directory(opt.plugin_dir);
+  for (const auto& e : registry.load_errors())
+    std::fprintf(stderr, "warning: %s: %s\n", e.library_path.c_str(), e.message.c_str());
+  const auto plugins = registry.list(PluginKind::kAttention);
+  if (plugins.empty()) {
+    std::fprintf(stderr, "no attention plugins in %s (build attention-naive, attention-flash)\n",
+                 opt.plugin_dir.c_str());
+    return 1;
+  }
+
+  std::mt19937 rng(1);
+  const Pool pool = make_pool(opt.context, rng);
+  ThreadPool executor(opt.threads);
+  PluginContext context;
+  context.logger = &host_logger();
+  std::printf("attention: %d heads, %d KV heads, head_dim %d, f16 cache, block %d; context %d; "
+              "%d threads; median of %d\n",
+              pool.shape.num_heads, pool.shape.num_kv_heads, pool.shape.head_dim,
+              pool.shape.block_size, opt.context, opt.threads, opt.repeat);
+  std::printf("%-10s %-8s %8s %12s %16s %14s\n", "plugin", "case", "queries", "time ms",
+              "scratch B/thread", "max |diff|");
+
+  // The naive kernel is the oracle: run it first, and report every other kernel's largest
+  // difference from it.
+  std::vector<const PluginInfo*> ordered(plugins.begin(), plugins.end());
+  std::stable_partition(ordered.begin(), ordered.end(),
+                        [](const PluginInfo* p) { return p->name() == "naive"; });
+  std::vector<float> reference_prefill, reference_decode;
+  for (const PluginInfo* info : ordered) {
+    const PluginConfig config = validate_plugin_params(*info->manifest, "engine.attention", "{}");
+    auto kernel = registry.create<AttentionKernel>(info->name(), config, context);
+    for (int num_queries : {opt.context, 1}) {
+      std::vector<float> out;
+      const double ms = time_forward(*kernel, pool, num_queries, opt.context, executor, opt.repeat, &out);
+      std::vector<float>& ref = num_queries == 1 ? reference_decode : reference_prefill;
+      double diff = 0.0;
+      if (ref.empty()) ref = out;
+      else
+        for (size_t i = 0; i < out.size(); ++i) diff = std::max(diff, double(std::abs(out[i] - ref[i])));
+      std::printf("%-10s %-8s %8d %12.3f %16zu %14.2e\n", info->name().c_str(),
+                  num_queries == 1 ? "decode" : "prefill", num_queries, ms,
+                  kernel->scratch_bytes(pool.shape, num_queries, opt.context), diff);
+    }
+  }
+  return 0;
+}

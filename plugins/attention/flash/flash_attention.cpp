@@ -1,0 +1,134 @@
+// attention.flash: exact attention computed tile by tile with an online softmax
+// (FlashAttention-2's loop order, on the CPU). The full score matrix is never materialized:
+// each task owns a tile of query rows of one sequence and one KV head, streams that
+// sequence's K/V through the block table one tile at a time, and keeps per row only a
+// running maximum, a running sum and an unnormalized output, rescaled whenever the maximum
+// grows. All query heads that share a KV head (GQA) are processed by the same task, so each
+// K/V tile is read and widened once for the whole group. Scratch memory per thread is a few
+// tiles, independent of the context length.
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "flash_kernel_impl.h"
+#include "tessera/ggml_types.h"
+#include "tessera/sdk.h"
+
+namespace tessera {
+namespace flash {
+void run_task_generic(const AttentionShape& shape, const AttentionBatch& batch, const Task& task,
+                      const Layout& layout, float* scratch) {
+  run_task_impl(shape, batch, task, layout, scratch);
+}
+}  // namespace flash
+
+namespace {
+
+using flash::Layout;
+using flash::Task;
+
+const ParamSpec kParams[] = {
+    {"tile_size", ParamType::kInt, "64",
+     "K/V positions per tile: loaded once per KV head and shared by its query heads", 1, 4096},
+    {"query_tile", ParamType::kInt, "32",
+     "query positions per task (each task covers these for all heads of one KV head)", 1, 4096},
+    {"simd", ParamType::kEnum, "auto",
+     "auto: the AVX2/FMA/F16C kernel when the CPU has it; off: the portable kernel", -INFINITY,
+     INFINITY, "auto|off"},
+};
+
+class FlashAttention final : public AttentionKernel {
+ public:
+  FlashAttention(int32_t kv_tile, int32_t query_tile, bool use_simd)
+      : kv_tile_(kv_tile), query_tile_(query_tile), use_simd_(use_simd && cpu_has_avx2()) {}
+
+  size_t scratch_bytes(const AttentionShape& shape, int32_t max_rows,
+                       int32_t max_context) const override {
+    return layout(shape, std::max(1, max_rows), std::max(1, max_context)).total_bytes();
+  }
+
+  Status forward(const AttentionShape& shape, const AttentionBatch& batch,
+                 Executor& executor) override {
+    if (shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0)
+      return invalid_argument("attention.flash: num_heads (" + std::to_string(shape.num_heads) +
+                              ") must be a multiple of num_kv_heads (" +
+                              std::to_string(shape.num_kv_heads) + ")");
+    int32_t max_queries = 1;
+    int32_t max_context = 1;
+    tasks_.clear();
+    for (size_t i = 0; i < batch.sequences.size(); ++i) {
+      const AttentionSequence& seq = batch.sequences[i];
+      max_queries = std::max(max_queries, seq.num_queries);
+      max_context = std::max(max_context, seq.context_len);
+      for (int32_t q = 0; q < seq.num_queries; q += query_tile_) {
+        const int32_t q_end = std::min(seq.num_queries, q + query_tile_);
+        const int64_t visible = seq.context_len - seq.num_queries + q_end;
+        for (int32_t h = 0; h < shape.num_kv_heads; ++h)
+          tasks_.push_back({static_cast<int32_t>(i), h, q, q_end, (q_end - q) * visible});
+      }
+    }
+    if (tasks_.empty()) return Status::ok();
+    // Longest first, handed out dynamically: a causal prefill's last query tiles cost far
+    // more than its first ones, so a static even split would leave threads idle.
+    std::stable_sort(tasks_.begin(), tasks_.end(),
+                     [](const Task& a, const Task& b) { return a.cost > b.cost; });
+
+    const Layout lay = layout(shape, max_queries, max_context);
+    const int32_t num_threads = std::max(1, executor.num_threads());
+    if (static_cast<int32_t>(scratch_.size()) < num_threads) scratch_.resize(num_threads);
+    for (auto& s : scratch_)
+      if (s.size() < lay.num_floats) s.resize(lay.num_floats);  // grows once, then reused
+
+    const auto run_task = use_simd_ ? &flash::run_task_avx2 : &flash::run_task_generic;
+    std::atomic<size_t> next{0};
+    const int64_t workers = std::min<int64_t>(num_threads, static_cast<int64_t>(tasks_.size()));
+    executor.run(workers, [&](int64_t, int64_t, int thread) {
+      float* scratch = scratch_[thread].data();
+      for (size_t t = next.fetch_add(1, std::memory_order_relaxed); t < tasks_.size();
+           t = next.fetch_add(1, std::memory_order_relaxed))
+        run_task(shape, batch, tasks_[t], lay, scratch);
+    });
+    return Status::ok();
+  }
+
+  static Status create(const PluginConfig& config, const PluginContext&,
+                       std::unique_ptr<AttentionKernel>* out) {
+    *out = std::make_unique<FlashAttention>(static_cast<int32_t>(config.get_int("tile_size", 64)),
+                                            static_cast<int32_t>(config.get_int("query_tile", 32)),
+                                            config.get_string("simd", "auto") != "off");
+    return Status::ok();
+  }
+
+ private:
+  Layout layout(const AttentionShape& shape, int32_t max_queries, int32_t max_context) const {
+    const int32_t group = shape.num_kv_heads > 0 ? shape.num_heads / shape.num_kv_heads : 1;
+    const size_t d = static_cast<size_t>(shape.head_dim);
+    Layout lay;
+    lay.kv_tile = std::min(kv_tile_, max_context);
+    lay.max_rows = std::min(query_tile_, max_queries) * group;
+    const size_t rows = static_cast<size_t>(lay.max_rows);
+    lay.q = 0;                                // the task's queries, at cache precision
+    lay.o = lay.q + rows * d;                 // unnormalized outputs
+    lay.m = lay.o + rows * d;                 // running maxima
+    lay.l = (lay.m + rows + 1) & ~size_t{1};  // running sums, as doubles (8-byte aligned)
+    lay.s = lay.l + 2 * rows;                 // one row of scores / probabilities
+    lay.k = lay.s + lay.kv_tile;              // K tile, widened to float
+    lay.v = lay.k + lay.kv_tile * d;          // V tile
+    lay.num_floats = lay.v + lay.kv_tile * d;
+    return lay;
+  }
+
+  int32_t kv_tile_;
+  int32_t query_tile_;
+  bool use_simd_;  // the AVX2/FMA/F16C build of the inner kernel (the CPU was checked)
+  std::vector<Task> tasks_;                  // rebuilt per call, capacity kept
+  std::vector<std::vector<float>> scratch_;  // per thread
+};
+
+}  // namespace
+}  // namespace tessera
+
+TESSERA_REGISTER_PLUGIN(tessera::FlashAttention, tessera::AttentionKernel, "flash", "0.1.0",
+                        "tiled attention with online softmax; scratch independent of context length",
+                        tessera::kParams)

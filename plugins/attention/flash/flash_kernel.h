@@ -1,0 +1,39 @@
+// The inner kernel of attention.flash, shared by the plugin and the two builds of the kernel
+// (portable, and AVX2/FMA/F16C for CPUs that have them).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/sdk/attention.h"
+
+namespace tessera::flash {
+
+// One unit of parallel work: query positions [q_begin, q_end) of one sequence, for every
+// query head of one KV head.
+struct Task {
+  int32_t seq = 0;
+  int32_t kv_head = 0;
+  int32_t q_begin = 0;
+  int32_t q_end = 0;
+  int64_t cost = 0;  // rows x visible K/V positions, to start the longest tasks first
+};
+
+// Where each buffer sits in a thread's scratch (offsets in floats).
+struct Layout {
+  int32_t kv_tile = 0;   // K/V positions per tile, capped by the context
+  int32_t max_rows = 0;  // query rows of a task: query positions x heads per KV head
+  size_t q = 0, o = 0, m = 0, l = 0, s = 0, k = 0, v = 0;
+  size_t num_floats = 0;
+  size_t total_bytes() const { return num_floats * sizeof(float); }
+};
+
+// Computes the output rows of one task into batch.out. `scratch` holds layout.num_floats
+// floats owned by the calling thread. Thread-safe across distinct tasks.
+void run_task_generic(const AttentionShape& shape, const AttentionBatch& batch, const Task& task,
+                      const Layout& layout, float* scratch);
+// The same, compiled for AVX2/FMA/F16C: call only when cpu_has_avx2().
+void run_task_avx2(const AttentionShape& shape, const AttentionBatch& batch, const Task& task,
+                   const Layout& layout, float* scratch);
+
+}  // namespace tessera::flash

@@ -1,0 +1,203 @@
+// The body of attention.flash's inner kernel. Included once by flash_attention.cpp (portable
+// build) and once by flash_attention_avx2.cpp (compiled with -mavx2 -mfma -mf16c); everything
+// here has internal linkage so the two builds never mix. The vector helpers use intrinsics
+// when the including file is compiled for AVX2, plain loops otherwise.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "flash_kernel.h"
+#include "tessera/ggml_types.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define TESSERA_FLASH_AVX2 1
+#endif
+
+namespace tessera::flash {
+namespace {
+
+#if TESSERA_FLASH_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// dot(a, b) over n floats. The portable loop keeps eight independent partial sums so the
+// compiler can vectorize it without reassociating (no -ffast-math needed).
+inline float dot(const float* a, const float* b, int32_t n) {
+  int32_t k = 0;
+  float sum = 0.0f;
+#if TESSERA_FLASH_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; k + 16 <= n; k += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), acc1);
+  }
+  for (; k + 8 <= n; k += 8)
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc0);
+  sum = hsum(_mm256_add_ps(acc0, acc1));
+#else
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (; k + 8 <= n; k += 8)
+    for (int32_t l = 0; l < 8; ++l) acc[l] += a[k + l] * b[k + l];
+  sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+#endif
+  for (; k < n; ++k) sum += a[k] * b[k];
+  return sum;
+}
+
+// o[0..d) = alpha * o + sum over c < cols of p[c] * v[c][0..d). The AVX2 build keeps a
+// 32-float slice of o in registers across all columns.
+inline void rescale_accumulate(float* o, float alpha, const float* p, const float* v,
+                               int32_t cols, int32_t d) {
+  int32_t k0 = 0;
+#if TESSERA_FLASH_AVX2
+  const __m256 a = _mm256_set1_ps(alpha);
+  for (; k0 + 32 <= d; k0 += 32) {
+    __m256 o0 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0));
+    __m256 o1 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 8));
+    __m256 o2 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 16));
+    __m256 o3 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 24));
+    const float* vc = v + k0;
+    for (int32_t c = 0; c < cols; ++c, vc += d) {
+      const __m256 pc = _mm256_set1_ps(p[c]);
+      o0 = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc), o0);
+      o1 = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + 8), o1);
+      o2 = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + 16), o2);
+      o3 = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + 24), o3);
+    }
+    _mm256_storeu_ps(o + k0, o0);
+    _mm256_storeu_ps(o + k0 + 8, o1);
+    _mm256_storeu_ps(o + k0 + 16, o2);
+    _mm256_storeu_ps(o + k0 + 24, o3);
+  }
+#endif
+  if (k0 == d) return;
+  if (alpha != 1.0f)
+    for (int32_t k = k0; k < d; ++k) o[k] *= alpha;
+  for (int32_t c = 0; c < cols; ++c) {
+    const float pc = p[c];
+    const float* vc = v + static_cast<size_t>(c) * d;
+    for (int32_t k = k0; k < d; ++k) o[k] += pc * vc[k];
+  }
+}
+
+// Widens n halves to floats (exact in both builds).
+inline void widen_f16(const uint16_t* src, float* dst, int32_t n) {
+  int32_t i = 0;
+#if TESSERA_FLASH_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+}
+
+// Widens positions [begin, end) of KV head `kv_head` into dst[end - begin][head_dim],
+// walking the block table a block at a time.
+inline void load_tile(const AttentionShape& s, const void* pool, const AttentionSequence& seq,
+                      int32_t begin, int32_t end, int32_t kv_head, float* dst) {
+  const int32_t d = s.head_dim;
+  const int64_t row_stride = static_cast<int64_t>(s.num_kv_heads) * d;
+  for (int32_t pos = begin; pos < end;) {
+    const int32_t in_block = pos % s.block_size;
+    const int32_t run = std::min(end - pos, s.block_size - in_block);  // rows left in block
+    const int64_t first = (static_cast<int64_t>(seq.block_table[pos / s.block_size]) *
+                               s.block_size + in_block) * row_stride + kv_head * d;
+    for (int32_t r = 0; r < run; ++r, dst += d) {
+      const int64_t index = first + r * row_stride;
+      if (s.kv_dtype == KvDtype::kF32) {
+        const float* src = static_cast<const float*>(pool) + index;
+        std::copy(src, src + d, dst);
+      } else {
+        widen_f16(static_cast<const uint16_t*>(pool) + index, dst, d);
+      }
+    }
+    pos += run;
+  }
+}
+
+void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const Task& task,
+                   const Layout& lay, float* scratch) {
+  const AttentionSequence& seq = batch.sequences[task.seq];
+  const int32_t d = s.head_dim;
+  const int32_t group = s.num_heads / s.num_kv_heads;
+  const int32_t num_q = task.q_end - task.q_begin;
+  const int32_t rows = num_q * group;  // row r = query (r / group), head kv_head*group + r % group
+  const int64_t q_stride = static_cast<int64_t>(s.num_heads) * d;
+  // Query i may see positions [0, first_visible_end + i).
+  const int32_t first_visible_end = seq.context_len - seq.num_queries + 1;
+  float* q_tile = scratch + lay.q;
+  float* o_tile = scratch + lay.o;
+  float* m = scratch + lay.m;
+  double* l = reinterpret_cast<double*>(scratch + lay.l);
+  float* srow = scratch + lay.s;
+  float* k_tile = scratch + lay.k;
+  float* v_tile = scratch + lay.v;
+
+  // Like the naive kernel (and llama.cpp): with an f16 cache Q is rounded to f16 before it
+  // meets K. The probabilities stay f32 here since they are only final at the end.
+  const bool half = s.kv_dtype == KvDtype::kF16;
+  for (int32_t i = 0; i < num_q; ++i) {
+    const float* src = batch.q + (seq.query_start + task.q_begin + i) * q_stride +
+                       static_cast<int64_t>(task.kv_head) * group * d;
+    float* dst = q_tile + static_cast<size_t>(i) * group * d;
+    for (int32_t k = 0; k < group * d; ++k)
+      dst[k] = half ? fp16_to_fp32(fp32_to_fp16(src[k])) : src[k];
+  }
+  std::fill(o_tile, o_tile + static_cast<size_t>(rows) * d, 0.0f);
+  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + rows, 0.0);
+
+  const int32_t kv_end = first_visible_end + task.q_end - 1;  // exclusive, for the last query
+  for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
+    const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
+    load_tile(s, batch.k_pool, seq, j0, j1, task.kv_head, k_tile);
+    load_tile(s, batch.v_pool, seq, j0, j1, task.kv_head, v_tile);
+    for (int32_t i = 0; i < num_q; ++i) {
+      // Causal mask: the visible part of this tile is a prefix of it.
+      const int32_t cols = std::min(j1, first_visible_end + task.q_begin + i) - j0;
+      if (cols <= 0) continue;
+      for (int32_t g = 0; g < group; ++g) {
+        const int32_t r = i * group + g;
+        const float* q = q_tile + static_cast<size_t>(r) * d;
+        float tile_max = -std::numeric_limits<float>::infinity();
+        for (int32_t c = 0; c < cols; ++c) {
+          srow[c] = dot(q, k_tile + static_cast<size_t>(c) * d, d) * s.scale;
+          tile_max = std::max(tile_max, srow[c]);
+        }
+        const float new_max = std::max(m[r], tile_max);
+        // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
+        const float alpha = std::exp(m[r] - new_max);
+        double sum = 0.0;
+        for (int32_t c = 0; c < cols; ++c) {
+          srow[c] = std::exp(srow[c] - new_max);
+          sum += srow[c];
+        }
+        rescale_accumulate(o_tile + static_cast<size_t>(r) * d, alpha, srow, v_tile, cols, d);
+        l[r] = l[r] * alpha + sum;
+        m[r] = new_max;
+      }
+    }
+  }
+
+  for (int32_t i = 0; i < num_q; ++i) {
+    float* dst = batch.out + (seq.query_start + task.q_begin + i) * q_stride +
+                 static_cast<int64_t>(task.kv_head) * group * d;
+    for (int32_t g = 0; g < group; ++g) {
+      const int32_t r = i * group + g;
+      const float inv = static_cast<float>(1.0 / l[r]);  // l >= 1: the max term is exp(0)
+      const float* o = o_tile + static_cast<size_t>(r) * d;
+      for (int32_t k = 0; k < d; ++k) dst[g * d + k] = o[k] * inv;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::flash

@@ -1,0 +1,346 @@
+// Conformance of every attention plugin: each one, loaded by name from the build's plugin
+// folder, is compared with a straightforward double-precision reference on random Q/K/V
+// pools read through shuffled block tables — several GQA ratios, head sizes and block sizes
+// (1, 8, 16 and 2048, the contiguous case), mixed batches of prompt chunks and decodes, f32
+// and f16 caches — and every kernel is compared with the naive oracle.
+//
+// Tolerances (absolute; V lies in [-1, 1], so outputs do too):
+//  - f32 cache: 1e-5. Only float summation order differs from the reference.
+//  - f16 cache: 1e-3. Q is rounded to f16 in every kernel and in the reference; naive also
+//    rounds each softmax probability to f16 (relative error <= 2^-11, so <= 4.9e-4 on an
+//    output), while flash keeps them in f32 (its probabilities are final only at the end).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/test_env.h"
+#include "tessera/config.h"
+#include "tessera/ggml_types.h"
+#include "tessera/plugin_registry.h"
+#include "tessera/sdk/attention.h"
+#include "tessera/thread_pool.h"
+
+namespace {
+
+using namespace tessera;
+
+constexpr double kTolF32 = 1e-5;
+constexpr double kTolF16 = 1e-3;
+
+PluginRegistry& registry() {
+  static PluginRegistry r;
+  static const bool scanned = [] {
+    r.scan_directory(test::plugin_dir());
+    return true;
+  }();
+  (void)scanned;
+  return r;
+}
+
+std::shared_ptr<AttentionKernel> make_kernel(const std::string& name, const std::string& yaml) {
+  const PluginInfo* info = registry().find(PluginKind::kAttention, name);
+  REQUIRE_MESSAGE(info != nullptr, "attention plugin '", name, "' not found in ",
+                  test::plugin_dir().string());
+  PluginConfig config = validate_plugin_params(*info->manifest, "engine.attention", yaml);
+  PluginContext context;
+  context.logger = &host_logger();
+  return registry().create<AttentionKernel>(name, config, context);
+}
+
+std::vector<std::string> attention_plugins() {
+  std::vector<std::string> names;
+  for (const PluginInfo* info : registry().list(PluginKind::kAttention)) names.push_back(info->name());
+  return names;
+}
+
+bool has_param(const std::string& plugin, const std::string& param) {
+  const PluginManifest* m = registry().find(PluginKind::kAttention, plugin)->manifest;
+  for (size_t i = 0; i < m->num_params; ++i)
+    if (param == m->params[i].name) return true;
+  return false;
+}
+
+// One random batch: Q rows, K/V pools, sequences with shuffled block tables.
+struct Problem {
+  AttentionShape shape;
+  std::vector<AttentionSequence> sequences;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<float> q;
+  std::vector<float> k_wide, v_wide;    // pool contents as stored, widened to float
+  std::vector<uint16_t> k_half, v_half; // the f16 pools
+  int32_t num_rows = 0;
+
+  const void* k_pool() const {
+    return shape.kv_dtype == KvDtype::kF16 ? static_cast<const void*>(k_half.data()) : k_wide.data();
+  }
+  const void* v_pool() const {
+    return shape.kv_dtype == KvDtype::kF16 ? static_cast<const void*>(v_half.data()) : v_wide.data();
+  }
+  AttentionBatch batch(float* out) const {
+    AttentionBatch b;
+    b.sequences = sequences;
+    b.q = q.data();
+    b.k_pool = k_pool();
+    b.v_pool = v_pool();
+    b.out = out;
+    return b;
+  }
+};
+
+struct SeqSpec {
+  int32_t context_len;
+  int32_t num_queries;
+};
+
+Problem make_problem(std::mt19937& rng, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                     int32_t block_size, KvDtype dtype, const std::vector<SeqSpec>& specs,
+                     float q_scale = 3.0f) {
+  Problem p;
+  p.shape = {num_heads, num_kv_heads, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim)),
+             block_size, dtype};
+  int32_t num_blocks = 3;  // a few blocks nobody uses, so tables never cover the whole pool
+  for (const SeqSpec& s : specs) num_blocks += (s.context_len + block_size - 1) / block_size;
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  size_t next_block = 0;
+  for (const SeqSpec& s : specs) {
+    std::vector<int32_t> table;
+    for (int32_t b = 0; b < (s.context_len + block_size - 1) / block_size; ++b)
+      table.push_back(ids[next_block++]);
+    p.tables.push_back(std::move(table));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    p.sequences.push_back({p.num_rows, specs[i].num_queries, specs[i].context_len,
+                           p.tables[i].data()});
+    p.num_rows += specs[i].num_queries;
+  }
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const size_t pool_size = static_cast<size_t>(num_blocks) * block_size * num_kv_heads * head_dim;
+  for (auto* wide : {&p.k_wide, &p.v_wide}) {
+    wide->resize(pool_size);
+    for (float& x : *wide) x = unit(rng);
+  }
+  if (dtype == KvDtype::kF16) {
+    for (auto [wide, half] : {std::pair{&p.k_wide, &p.k_half}, std::pair{&p.v_wide, &p.v_half}}) {
+      half->resize(pool_size);
+      for (size_t i = 0; i < pool_size; ++i) {
+        (*half)[i] = fp32_to_fp16((*wide)[i]);
+        (*wide)[i] = fp16_to_fp32((*half)[i]);
+      }
+    }
+  }
+  p.q.resize(static_cast<size_t>(p.num_rows) * num_heads * head_dim);
+  for (float& x : p.q) x = q_scale * unit(rng);
+  return p;
+}
+
+// Attention in double precision, straight from the definition. With an f16 cache Q is taken
+// at f16 precision, as every kernel does (the cache's precision is part of the semantics).
+std::vector<double> reference(const Problem& p) {
+  const AttentionShape& s = p.shape;
+  const int32_t d = s.head_dim;
+  const int32_t group = s.num_heads / s.num_kv_heads;
+  std::vector<double> out(static_cast<size_t>(p.num_rows) * s.num_heads * d, 0.0);
+  std::vector<double> scores, q(d);
+  for (const AttentionSequence& seq : p.sequences) {
+    auto kv_index = [&](int32_t pos, int32_t kv_head) {
+      const int64_t slot =
+          static_cast<int64_t>(seq.block_table[pos / s.block_size]) * s.block_size + pos % s.block_size;
+      return (slot * s.num_kv_heads + kv_head) * d;
+    };
+    for (int32_t i = 0; i < seq.num_queries; ++i) {
+      const int32_t visible = seq.context_len - seq.num_queries + i + 1;
+      for (int32_t h = 0; h < s.num_heads; ++h) {
+        const int32_t kv_head = h / group;
+        const float* qf = p.q.data() + (static_cast<size_t>(seq.query_start + i) * s.num_heads + h) * d;
+        for (int32_t k = 0; k < d; ++k)
+          q[k] = s.kv_dtype == KvDtype::kF16 ? fp16_to_fp32(fp32_to_fp16(qf[k])) : qf[k];
+        scores.assign(visible, 0.0);
+        double max = -std::numeric_limits<double>::infinity();
+        for (int32_t j = 0; j < visible; ++j) {
+          const float* krow = p.k_wide.data() + kv_index(j, kv_head);
+          double dot = 0.0;
+          for (int32_t k = 0; k < d; ++k) dot += q[k] * krow[k];
+          scores[j] = dot * s.scale;
+          max = std::max(max, scores[j]);
+        }
+        double sum = 0.0;
+        for (double& x : scores) sum += (x = std::exp(x - max));
+        double* o = out.data() + (static_cast<size_t>(seq.query_start + i) * s.num_heads + h) * d;
+        for (int32_t j = 0; j < visible; ++j) {
+          const float* vrow = p.v_wide.data() + kv_index(j, kv_head);
+          for (int32_t k = 0; k < d; ++k) o[k] += scores[j] / sum * vrow[k];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> run_kernel(AttentionKernel& kernel, const Problem& p, Executor& executor) {
+  // NaN everywhere first: a row the kernel forgets to write fails every comparison.
+  std::vector<float> out(static_cast<size_t>(p.num_rows) * p.shape.num_heads * p.shape.head_dim,
+                         std::numeric_limits<float>::quiet_NaN());
+  Status st = kernel.forward(p.shape, p.batch(out.data()), executor);
+  REQUIRE_MESSAGE(st.is_ok(), st.message());
+  return out;
+}
+
+template <class A, class B>
+double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double diff = std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+    if (!(diff <= worst)) worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff;
+  }
+  return worst;
+}
+
+// A mixed batch: decodes, prompt chunks (the tail of a longer context) and whole prompts,
+// context lengths 1..300; always one single-token sequence and one of 300 tokens.
+std::vector<SeqSpec> random_batch(std::mt19937& rng) {
+  std::vector<SeqSpec> specs = {{1, 1}, {300, 1}};
+  std::uniform_int_distribution<int32_t> ctx_dist(1, 300);
+  for (int n = 0; n < 5; ++n) {
+    const int32_t ctx = ctx_dist(rng);
+    switch (n % 3) {
+      case 0: specs.push_back({ctx, 1}); break;                                          // decode
+      case 1: specs.push_back({ctx, std::uniform_int_distribution<int32_t>(1, std::min(ctx, 48))(rng)}); break;
+      case 2: specs.push_back({std::min(ctx, 96), std::min(ctx, 96)}); break;           // whole prompt
+    }
+  }
+  specs.push_back({257, 257});  // a whole prompt crossing several tiles and blocks
+  std::shuffle(specs.begin(), specs.end(), rng);
+  return specs;
+}
+
+// Kernel configurations under test: every plugin with its defaults, plus tile variants of
+// kernels that have tiles (odd sizes exercise partial tiles and tiles straddling blocks).
+struct KernelCase {
+  std::string plugin;
+  std::string params;
+};
+std::vector<KernelCase> kernel_cases() {
+  std::vector<KernelCase> cases;
+  for (const std::string& name : attention_plugins()) {
+    cases.push_back({name, "{}"});
+    if (has_param(name, "tile_size")) {
+      cases.push_back({name, "{tile_size: 16}"});
+      if (has_param(name, "query_tile")) {
+        cases.push_back({name, "{tile_size: 7, query_tile: 5}"});
+        cases.push_back({name, "{tile_size: 1, query_tile: 1}"});
+      }
+    }
+    if (has_param(name, "simd")) {  // the portable build too, whatever this CPU has
+      cases.push_back({name, "{simd: off}"});
+      if (has_param(name, "tile_size")) cases.push_back({name, "{simd: off, tile_size: 7}"});
+    }
+  }
+  return cases;
+}
+
+TEST_CASE("attention plugins: naive and flash are registered") {
+  const auto names = attention_plugins();
+  for (const auto& e : registry().load_errors()) MESSAGE("load error: ", e.library_path, ": ", e.message);
+  CHECK(std::find(names.begin(), names.end(), "naive") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "flash") != names.end());
+}
+
+TEST_CASE("attention plugins match a double-precision reference") {
+  ThreadPool one(1), three(3);
+  std::mt19937 rng(1234);
+  const auto cases = kernel_cases();
+  std::vector<std::shared_ptr<AttentionKernel>> kernels;
+  for (const KernelCase& c : cases) kernels.push_back(make_kernel(c.plugin, c.params));
+
+  struct HeadShape { int32_t heads, kv_heads; };
+  for (HeadShape hs : {HeadShape{4, 4}, HeadShape{6, 2}, HeadShape{8, 2}}) {  // GQA 1, 3, 4
+    for (int32_t head_dim : {64, 32}) {
+      for (int32_t block_size : {1, 8, 16, 2048}) {
+        for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+          const Problem p = make_problem(rng, hs.heads, hs.kv_heads, head_dim, block_size, dtype,
+                                         random_batch(rng));
+          const std::vector<double> want = reference(p);
+          const double tol = dtype == KvDtype::kF16 ? kTolF16 : kTolF32;
+          std::vector<float> naive_out;
+          for (size_t k = 0; k < cases.size(); ++k) {
+            CAPTURE(cases[k].plugin);
+            CAPTURE(cases[k].params);
+            CAPTURE(hs.heads);
+            CAPTURE(hs.kv_heads);
+            CAPTURE(head_dim);
+            CAPTURE(block_size);
+            CAPTURE(kv_dtype_name(dtype));
+            // Thread count must not matter; alternate it to cover both without doubling time.
+            Executor& executor = (k + block_size) % 2 ? three : one;
+            const std::vector<float> got = run_kernel(*kernels[k], p, executor);
+            CHECK(max_abs_diff(got, want) <= tol);
+            if (cases[k].plugin == "naive" && cases[k].params == "{}") naive_out = got;
+            else if (!naive_out.empty()) CHECK(max_abs_diff(got, naive_out) <= tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("attention plugins: peaked softmax, long prompt, many threads") {
+  // Large scores make the running maximum jump between tiles (the rescaling path) and leave
+  // most probabilities near zero.
+  ThreadPool pool(4);
+  std::mt19937 rng(99);
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+    const Problem p = make_problem(rng, 8, 2, 64, 16, dtype, {{300, 300}, {200, 1}, {5, 5}},
+                                   /*q_scale=*/12.0f);
+    const std::vector<double> want = reference(p);
+    for (const KernelCase& c : kernel_cases()) {
+      CAPTURE(c.plugin);
+      CAPTURE(c.params);
+      CAPTURE(kv_dtype_name(dtype));
+      auto kernel = make_kernel(c.plugin, c.params);
+      CHECK(max_abs_diff(run_kernel(*kernel, p, pool), want) <=
+            (dtype == KvDtype::kF16 ? kTolF16 : kTolF32));
+    }
+  }
+}
+
+TEST_CASE("attention plugins: an empty batch is a no-op, and calls can repeat") {
+  ThreadPool pool(2);
+  std::mt19937 rng(7);
+  for (const KernelCase& c : kernel_cases()) {
+    CAPTURE(c.plugin);
+    auto kernel = make_kernel(c.plugin, c.params);
+    Problem empty = make_problem(rng, 4, 2, 32, 8, KvDtype::kF32, {});
+    CHECK(kernel->forward(empty.shape, empty.batch(nullptr), pool).is_ok());
+    // Scratch grown for a big batch must serve a smaller one afterwards, and vice versa.
+    for (int32_t ctx : {250, 3, 120}) {
+      const Problem p = make_problem(rng, 4, 2, 32, 8, KvDtype::kF32, {{ctx, ctx}, {ctx, 1}});
+      CHECK(max_abs_diff(run_kernel(*kernel, p, pool), reference(p)) <= kTolF32);
+    }
+  }
+}
+
+TEST_CASE("attention.flash: scratch memory does not grow with the context") {
+  AttentionShape shape{9, 3, 64, 0.125f, 16, KvDtype::kF16};
+  auto flash = make_kernel("flash", "{}");
+  auto naive = make_kernel("naive", "{}");
+  const size_t at_2k = flash->scratch_bytes(shape, 2048, 2048);
+  CHECK(flash->scratch_bytes(shape, 2048, 1 << 20) == at_2k);
+  CHECK(flash->scratch_bytes(shape, 1 << 16, 1 << 20) == at_2k);
+  CHECK(flash->scratch_bytes(shape, 1, 2048) < at_2k);  // a decode needs one query's rows
+  CHECK(at_2k < 256 * 1024);
+  CHECK(naive->scratch_bytes(shape, 2048, 2048) >= size_t{2048} * 2048 * sizeof(float));
+  MESSAGE("scratch per thread at 2048 queries x 2048 context: flash ", at_2k, " B, naive ",
+          naive->scratch_bytes(shape, 2048, 2048), " B");
+}
+
+}  // namespace
