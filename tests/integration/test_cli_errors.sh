@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Bad input to the `tessera` command: each case must exit non-zero with one clear error line
+# on stderr naming the problem (and never crash). Ends with "N passed, N failed".
+set -uo pipefail
+
+bin="$TESSERA_BUILD_DIR/bin/tessera"
+vocab="$TESSERA_SHARED_DIR/testdata/tokenizer/ggml-vocab-gpt-2.gguf"
+model_dir="${TESSERA_MODEL_DIR:-$HOME/.cache/tessera/models}"
+model="${TESSERA_MODEL_PATH:-$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf}"
+scratch="$TESSERA_BUILD_DIR/test-scratch/cli-errors"
+rm -rf "$scratch" && mkdir -p "$scratch"
+cd "$scratch" || exit 1
+passed=0
+failed=0
+
+# expect_error NAME EXPECTED_SUBSTRING COMMAND...
+expect_error() {
+  local name=$1 expected=$2
+  shift 2
+  "$@" >stdout.txt 2>stderr.txt
+  local rc=$?
+  local lines
+  lines=$(grep -c . stderr.txt)
+  if [[ $rc -ne 0 && $rc -lt 128 && $lines -eq 1 ]] && grep -q '^error: ' stderr.txt &&
+     grep -qF -- "$expected" stderr.txt; then
+    echo "ok   $name: $(cat stderr.txt)"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name (exit $rc, $lines stderr lines, wanted '$expected'):"
+    sed 's/^/     /' stderr.txt
+    failed=$((failed + 1))
+  fi
+}
+
+# --- GGUF files ---------------------------------------------------------------------------
+head -c 100000 "$vocab" >truncated.gguf
+expect_error "truncated GGUF" "truncated.gguf" "$bin" tokenize --model truncated.gguf --text hi
+{ printf 'GGML'; tail -c +5 "$vocab"; } >bad-magic.gguf
+expect_error "wrong magic" "magic" "$bin" tokenize --model bad-magic.gguf --text hi
+expect_error "missing model file" "not found" "$bin" tokenize --model no-such-model.gguf --text hi
+if [[ -f "$model" ]]; then
+  # Keeps the header and tensor table but cuts the tensor data.
+  head -c 3000000 "$model" >cut-data.gguf
+  printf 'model: {path: %s}\n' "$scratch/cut-data.gguf" >cut-data.yaml
+  expect_error "tensor data past end of file" "past the end" "$bin" generate --config cut-data.yaml --prompt hi
+else
+  echo "skip tensor data past end of file: $model is missing"
+fi
+
+# --- configs ------------------------------------------------------------------------------
+base="$TESSERA_SOURCE_DIR/configs/smollm2-cpu.yaml"
+cat >unknown-key.yaml <<YAML
+extends: $base
+engine:
+  scheduler: {plugin: static, max_num_seqz: 4}
+YAML
+expect_error "config with an unknown key" "unknown-key.yaml:3" "$bin" generate --config unknown-key.yaml --prompt hi
+cat >wrong-type.yaml <<YAML
+extends: $base
+engine:
+  scheduler: {plugin: static, max_batch_tokens: abc}
+YAML
+expect_error "config with a wrong type" 'engine.scheduler.max_batch_tokens: expected an integer' "$bin" generate --config wrong-type.yaml --prompt hi
+cat >unknown-plugin.yaml <<YAML
+extends: $base
+engine:
+  sampler: {plugin: nucleus}
+YAML
+expect_error "unknown plugin name" "unknown sampler plugin 'nucleus'" "$bin" generate --config unknown-plugin.yaml --prompt hi
+cat >wrong-kind.yaml <<YAML
+extends: $base
+engine:
+  sampler: {plugin: static}
+YAML
+expect_error "plugin of the wrong kind" "is a scheduler, not a sampler" "$bin" generate --config wrong-kind.yaml --prompt hi
+cat >abi-mismatch.yaml <<YAML
+extends: $base
+plugin_paths: [$TESSERA_TEST_PLUGIN_DIR]
+engine:
+  sampler: {plugin: test-abi-mismatch}
+YAML
+expect_error "plugin built with another ABI version" "ABI 2.0" "$bin" generate --config abi-mismatch.yaml --prompt hi
+cat >missing-model.yaml <<YAML
+model: {path: $scratch/nowhere.gguf}
+YAML
+expect_error "config naming a missing model file" "nowhere.gguf" "$bin" generate --config missing-model.yaml --prompt hi
+expect_error "missing config file" "no-such.yaml" "$bin" generate --config no-such.yaml --prompt hi
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
