@@ -278,6 +278,15 @@ bool Engine::step() {
     }
     seq->info.status = SequenceStatus::kRunning;
     const int32_t start = seq->info.num_computed_tokens;
+    // Drafts the scheduler did not fit into this step are dropped: verification needs every
+    // draft of the sequence fed in one step.
+    const int32_t unfed = seq->info.num_tokens() - (start + s.num_new_tokens);
+    if (seq->info.num_draft_tokens > 0 && unfed > 0) {
+      const int32_t drop = std::min(unfed, seq->info.num_draft_tokens);
+      seq->tokens.resize(seq->tokens.size() - drop);
+      seq->info.num_draft_tokens -= drop;
+      seq->sync_view();
+    }
     const bool reaches_end = start + s.num_new_tokens == seq->info.num_tokens();
     RunnerSequence rs;
     rs.tokens = seq->tokens.data() + start;

@@ -64,8 +64,10 @@ class KvCacheManager {
   // num_prompt_tokens) and attaches those blocks to it. Caches without prefix reuse return 0.
   virtual int32_t attach_cached_prefix(const SequenceInfo& seq) = 0;
 
-  // Makes room for `num_new_tokens` tokens after seq.num_computed_tokens. Returns false and
-  // changes nothing when there is not enough free memory (the scheduler then preempts).
+  // Makes room so that tokens [0, seq.num_computed_tokens + num_new_tokens) have slots.
+  // In the step that attached a cached prefix, num_computed_tokens is still 0 (the engine
+  // applies the plan afterwards), so schedulers pass cached + new tokens then. Returns false
+  // and changes nothing when there is not enough free memory (the scheduler then preempts).
   virtual bool allocate_slots(const SequenceInfo& seq, int32_t num_new_tokens) = 0;
 
   // The first `num_computed` tokens of seq now hold valid K/V; full blocks among them may be
