@@ -184,6 +184,7 @@ void run_generate(const GenerateOptions& opt) {
   for (auto& j : jobs) out_tokens += j.output_ids.size();
   if (stream) {
     std::fputc('\n', stdout);
+    std::fflush(stdout);  // the text ends before the statistics on stderr start
     if (opt.print_ids) {
       for (size_t i = 0; i < jobs[0].output_ids.size(); ++i)
         std::printf("%s%d", i ? " " : "", jobs[0].output_ids[i]);
