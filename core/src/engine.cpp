@@ -310,7 +310,7 @@ bool Engine::step() {
       for (size_t i = 0; i < batch_sequences_.size(); ++i) {
         Sequence& seq = *batch_sequences_[i];
         const RunnerSequence& rs = runner_batch_[i];
-        if (seq.finished) { row += rs.num_logit_rows; continue; }  // cancelled by a callback
+        if (seq.finished) { row += rs.num_logit_rows; continue; }  // defensive: ended earlier this step
         if (rs.num_logit_rows == 0) {
           seq.info.num_computed_tokens += rs.num_tokens;
           c.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);

@@ -97,6 +97,19 @@ bool is_other(uint16_t f) { return !(f & (kWhitespace | kLetter | kNumber)) && f
 
 uint32_t ascii_lower(uint32_t cp) { return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp; }
 
+// The tail both fast paths share: \s+(?!\S) leaves the last space of a run to prefix the
+// next word (unless the run ends the text), then \s+, else one code point on its own.
+void split_whitespace_tail(Segment& s, size_t& pos, size_t num_whitespaces) {
+  if (num_whitespaces > 1 && s.cpt(pos + num_whitespaces) != kOutOfRange) {
+    pos += num_whitespaces - 1;
+  } else if (num_whitespaces > 0) {
+    pos += num_whitespaces;
+  } else {
+    ++pos;
+  }
+  s.add_token(pos);
+}
+
 void split_gpt2(Segment& s, size_t ini) {
   for (size_t pos = ini; pos < s.end();) {
     const uint32_t cpt = s.cpt(pos);
@@ -144,19 +157,7 @@ void split_gpt2(Segment& s, size_t ini) {
 
     size_t num_whitespaces = 0;
     while (is_space(s.flags(pos + num_whitespaces))) num_whitespaces++;
-    // \s+(?!\S): leave the last space to prefix the next word.
-    if (num_whitespaces > 1 && s.cpt(pos + num_whitespaces) != kOutOfRange) {
-      pos += num_whitespaces - 1;
-      s.add_token(pos);
-      continue;
-    }
-    // \s+
-    if (num_whitespaces > 0) {
-      pos += num_whitespaces;
-      s.add_token(pos);
-      continue;
-    }
-    s.add_token(++pos);  // no match: one code point on its own
+    split_whitespace_tail(s, pos, num_whitespaces);
   }
 }
 
@@ -229,19 +230,7 @@ void split_llama3(Segment& s, size_t ini, size_t max_digits) {
       s.add_token(pos);
       continue;
     }
-    // \s+(?!\S)
-    if (num_whitespaces > 1 && s.cpt(pos + num_whitespaces) != kOutOfRange) {
-      pos += num_whitespaces - 1;
-      s.add_token(pos);
-      continue;
-    }
-    // \s+
-    if (num_whitespaces > 0) {
-      pos += num_whitespaces;
-      s.add_token(pos);
-      continue;
-    }
-    s.add_token(++pos);
+    split_whitespace_tail(s, pos, num_whitespaces);
   }
 }
 

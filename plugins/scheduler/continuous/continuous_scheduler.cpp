@@ -5,13 +5,11 @@
 // gets a step to itself so it is not starved. When KV memory runs out the most recently
 // arrived running sequence is preempted (blocks freed, recomputed later).
 #include <algorithm>
-#include <deque>
 #include <limits>
 #include <memory>
-#include <string>
-#include <unordered_set>
 #include <vector>
 
+#include "common/sequence_queues.h"
 #include "tessera/sdk.h"
 
 namespace tessera {
@@ -34,33 +32,18 @@ class ContinuousScheduler final : public Scheduler {
   int32_t max_num_seqs() const override { return max_num_seqs_; }
   int32_t max_batch_tokens() const override { return max_batch_tokens_; }
 
-  void add(const SequenceInfo* seq) override {
-    // A forked child (n > 1 samples) arrives with its prompt computed and blocks shared with
-    // its parent: it is already running, and holds KV memory that preemption must see.
-    if (seq->num_computed_tokens > 0) {
-      running_.push_back(seq);
-      started_.insert(seq->id);
-    } else {
-      waiting_.push_back(seq);
-    }
-  }
-
-  void remove(SeqId id) override {
-    auto match = [id](const SequenceInfo* s) { return s->id == id; };
-    std::erase_if(waiting_, match);
-    std::erase_if(running_, match);
-    started_.erase(id);
-  }
+  void add(const SequenceInfo* seq) override { queues_.add(seq); }
+  void remove(SeqId id) override { queues_.remove(id); }
 
   Status schedule(KvCacheManager& kv, double now, SchedulePlan* plan) override {
     plan->clear();
-    reject_expired(now, plan);
+    queues_.reject_expired(now, max_queue_time_, plan);
 
     // A prompt longer than the whole budget can never share a step; feed it alone as soon
     // as it reaches the head of the queue (running decodes pause for this one step).
     bool head_blocked = false;
-    if (!waiting_.empty() && num_running() < max_num_seqs_ &&
-        waiting_.front()->num_uncomputed() > max_batch_tokens_) {
+    if (!queues_.waiting.empty() && num_running() < max_num_seqs_ &&
+        queues_.waiting.front()->num_uncomputed() > max_batch_tokens_) {
       int32_t used = 0;
       switch (admit_front(kv, std::numeric_limits<int32_t>::max(), plan, &used)) {
         case Admission::kAdmitted: return Status::ok();
@@ -75,10 +58,10 @@ class ContinuousScheduler final : public Scheduler {
     // show their old progress until the engine resets it: admit nobody this step.
     if (preempted || head_blocked) return Status::ok();
 
-    while (!waiting_.empty() && num_running() < max_num_seqs_ && budget > 0) {
+    while (!queues_.waiting.empty() && num_running() < max_num_seqs_ && budget > 0) {
       // A too-long head is handled by the step-of-its-own path above; FCFS means the
       // sequences behind it wait too.
-      if (waiting_.front()->num_uncomputed() > max_batch_tokens_) break;
+      if (queues_.waiting.front()->num_uncomputed() > max_batch_tokens_) break;
       int32_t used = 0;
       if (admit_front(kv, budget, plan, &used) == Admission::kNoRoom) break;
       budget -= used;
@@ -86,8 +69,8 @@ class ContinuousScheduler final : public Scheduler {
     return Status::ok();
   }
 
-  int32_t num_waiting() const override { return static_cast<int32_t>(waiting_.size()); }
-  int32_t num_running() const override { return static_cast<int32_t>(running_.size()); }
+  int32_t num_waiting() const override { return static_cast<int32_t>(queues_.waiting.size()); }
+  int32_t num_running() const override { return static_cast<int32_t>(queues_.running.size()); }
 
   static Status create(const PluginConfig& config, const PluginContext&,
                        std::unique_ptr<Scheduler>* out) {
@@ -99,21 +82,12 @@ class ContinuousScheduler final : public Scheduler {
   }
 
  private:
-  // Fields set by name: the struct may grow.
-  static ScheduledSequence entry(SeqId id, int32_t num_cached, int32_t num_new) {
-    ScheduledSequence s;
-    s.id = id;
-    s.num_cached_tokens = num_cached;
-    s.num_new_tokens = num_new;
-    return s;
-  }
-
   enum class Admission { kAdmitted, kNoRoom, kRejected };
 
-  // Tries to start waiting_.front() with its whole remaining prompt within `budget`; *used
+  // Tries to start queues_.waiting.front() with its whole remaining prompt within `budget`; *used
   // receives the tokens scheduled.
   Admission admit_front(KvCacheManager& kv, int32_t budget, SchedulePlan* plan, int32_t* used) {
-    const SequenceInfo* seq = waiting_.front();
+    const SequenceInfo* seq = queues_.waiting.front();
     // Prefix reuse first: the engine starts the sequence after the cached tokens, so the
     // budget and the allocation only cover the rest.
     int32_t cached = 0;
@@ -123,19 +97,17 @@ class ContinuousScheduler final : public Scheduler {
     // allocate_slots counts from num_computed_tokens, which excludes the cached prefix until
     // the engine applies this plan.
     if (n > budget || !kv.allocate_slots(*seq, cached + n)) {
-      if (n <= budget && running_.empty()) {
-        reject_too_large(kv, seq, plan);
-        waiting_.pop_front();
+      if (n <= budget && queues_.running.empty()) {
+        scheduling::reject_too_large(kv, seq, plan);
+        queues_.waiting.pop_front();
         return Admission::kRejected;
       }
       // Give the attached prefix back; it stays cached and is found again next time.
       if (cached > 0) kv.free(seq->id);
       return Admission::kNoRoom;
     }
-    waiting_.pop_front();
-    running_.push_back(seq);
-    started_.insert(seq->id);
-    plan->scheduled.push_back(entry(seq->id, cached, n));
+    queues_.start_front();
+    plan->scheduled.push_back(scheduling::scheduled_entry(seq->id, cached, n));
     *used = n;
     return Admission::kAdmitted;
   }
@@ -144,93 +116,23 @@ class ContinuousScheduler final : public Scheduler {
   // Returns whether anything was preempted.
   bool schedule_running(KvCacheManager& kv, int32_t* budget, SchedulePlan* plan) {
     bool preempted = false;
-    // Victims leave running_ while we walk it, so walk a snapshot.
-    const std::vector<const SequenceInfo*> snapshot = running_;
+    // Victims leave the running list while we walk it, so walk a snapshot.
+    const std::vector<const SequenceInfo*> snapshot = queues_.running;
     for (const SequenceInfo* seq : snapshot) {
-      if (!is_running(seq)) continue;
+      if (!queues_.is_running(seq)) continue;
       const int32_t n = seq->num_uncomputed();
       if (n <= 0) continue;
       // Over budget: wait for a later step, unless nothing else runs this step (never stall).
       if (n > *budget && !plan->scheduled.empty()) continue;
-      for (;;) {
-        if (kv.allocate_slots(*seq, n)) {
-          plan->scheduled.push_back(entry(seq->id, 0, n));
-          *budget -= n;
-          break;
-        }
-        if (running_.size() == 1) {  // alone and still no room: it can never run
-          reject_too_large(kv, seq, plan);
-          std::erase(running_, seq);
-          break;
-        }
-        const SequenceInfo* victim = newest_running();
-        preempt(kv, victim, budget, plan);
-        preempted = true;
-        if (victim == seq) break;
-      }
+      preempted |= queues_.place_running(kv, seq, n, budget, plan);
     }
     return preempted;
-  }
-
-  bool is_running(const SequenceInfo* seq) const {
-    return std::find(running_.begin(), running_.end(), seq) != running_.end();
-  }
-
-  // The most recently arrived running sequence (ties: the later id, e.g. a forked child).
-  const SequenceInfo* newest_running() const {
-    return *std::max_element(running_.begin(), running_.end(),
-                             [](const SequenceInfo* a, const SequenceInfo* b) {
-                               if (a->arrival_time != b->arrival_time)
-                                 return a->arrival_time < b->arrival_time;
-                               return a->id < b->id;
-                             });
-  }
-
-  // Recompute preemption: free the blocks, drop any slots given this step, requeue first.
-  void preempt(KvCacheManager& kv, const SequenceInfo* victim, int32_t* budget,
-               SchedulePlan* plan) {
-    kv.free(victim->id);
-    plan->preempted.push_back(victim->id);
-    std::erase_if(plan->scheduled, [&](const ScheduledSequence& s) {
-      if (s.id != victim->id) return false;
-      *budget += s.num_new_tokens;
-      return true;
-    });
-    std::erase(running_, victim);
-    waiting_.push_front(victim);
-  }
-
-  static void reject_too_large(KvCacheManager& kv, const SequenceInfo* seq, SchedulePlan* plan) {
-    kv.free(seq->id);
-    plan->rejected.push_back(
-        {seq->id, resource_exhausted(
-                      "the KV cache pool is too small for this sequence: " +
-                      std::to_string(seq->num_tokens()) +
-                      " tokens do not fit even with no other sequence running (" +
-                      std::to_string(kv.num_free_blocks()) +
-                      " blocks free); raise the kv_cache memory or shorten the request")});
-  }
-
-  // Only sequences that never started are subject to max_queue_time: a preempted sequence
-  // already streamed tokens, and rejecting it then would waste that work.
-  void reject_expired(double now, SchedulePlan* plan) {
-    if (max_queue_time_ <= 0) return;
-    std::erase_if(waiting_, [&](const SequenceInfo* s) {
-      if (started_.count(s->id) || now - s->arrival_time <= max_queue_time_) return false;
-      plan->rejected.push_back(
-          {s->id, resource_exhausted("request waited " + std::to_string(now - s->arrival_time) +
-                                     " s in the queue, longer than max_queue_time (" +
-                                     std::to_string(max_queue_time_) + " s)")});
-      return true;
-    });
   }
 
   int32_t max_num_seqs_;
   int32_t max_batch_tokens_;
   double max_queue_time_;
-  std::deque<const SequenceInfo*> waiting_;
-  std::vector<const SequenceInfo*> running_;  // in admission order
-  std::unordered_set<SeqId> started_;         // ever admitted (exempt from max_queue_time)
+  scheduling::SequenceQueues queues_;
 };
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "support/plugins.h"
 #include "support/test_env.h"
 #include "tessera/config.h"
 #include "tessera/ggml_types.h"
@@ -34,34 +35,14 @@ using namespace tessera;
 constexpr double kTolF32 = 1e-5;
 constexpr double kTolF16 = 1e-3;
 
-PluginRegistry& registry() {
-  static PluginRegistry r;
-  static const bool scanned = [] {
-    r.scan_directory(test::plugin_dir());
-    return true;
-  }();
-  (void)scanned;
-  return r;
-}
-
 std::shared_ptr<AttentionKernel> make_kernel(const std::string& name, const std::string& yaml) {
-  const PluginInfo* info = registry().find(PluginKind::kAttention, name);
-  REQUIRE_MESSAGE(info != nullptr, "attention plugin '", name, "' not found in ",
-                  test::plugin_dir().string());
-  PluginConfig config = validate_plugin_params(*info->manifest, "engine.attention", yaml);
-  PluginContext context;
-  context.logger = &host_logger();
-  return registry().create<AttentionKernel>(name, config, context);
+  return test::create_plugin<AttentionKernel>(name, yaml);
 }
 
-std::vector<std::string> attention_plugins() {
-  std::vector<std::string> names;
-  for (const PluginInfo* info : registry().list(PluginKind::kAttention)) names.push_back(info->name());
-  return names;
-}
+std::vector<std::string> attention_plugins() { return test::plugin_names(PluginKind::kAttention); }
 
 bool has_param(const std::string& plugin, const std::string& param) {
-  const PluginManifest* m = registry().find(PluginKind::kAttention, plugin)->manifest;
+  const PluginManifest* m = test::plugin_registry().find(PluginKind::kAttention, plugin)->manifest;
   for (size_t i = 0; i < m->num_params; ++i)
     if (param == m->params[i].name) return true;
   return false;
@@ -250,7 +231,7 @@ std::vector<KernelCase> kernel_cases() {
 
 TEST_CASE("attention plugins: naive and flash are registered") {
   const auto names = attention_plugins();
-  for (const auto& e : registry().load_errors()) MESSAGE("load error: ", e.library_path, ": ", e.message);
+  for (const auto& e : test::plugin_registry().load_errors()) MESSAGE("load error: ", e.library_path, ": ", e.message);
   CHECK(std::find(names.begin(), names.end(), "naive") != names.end());
   CHECK(std::find(names.begin(), names.end(), "flash") != names.end());
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "support/plugins.h"
 #include "support/test_env.h"
 #include "tessera/config.h"
 #include "tessera/plugin_registry.h"
@@ -31,15 +32,6 @@ using namespace tessera;
 // 64 bytes of K/V per token in f16: 2 (K,V) x 2 layers x 2 heads x 4 dims x 2 bytes.
 constexpr KvModelShape kShape{2, 2, 4, /*max_context=*/64, /*max_num_seqs=*/8};
 constexpr int64_t kTokenBytes = 64;
-
-PluginRegistry& registry() {
-  static PluginRegistry* r = [] {
-    auto* reg = new PluginRegistry();  // lives for the process: plugins stay loaded
-    reg->scan_directory(test::plugin_dir());
-    return reg;
-  }();
-  return *r;
-}
 
 struct Variant {
   std::string plugin;  // "contiguous" or "paged"
@@ -60,16 +52,11 @@ const std::vector<Variant>& variants() {
 std::shared_ptr<KvCacheManager> make_kv(const Variant& variant, int64_t capacity_tokens,
                                         KvLayout* layout, const std::string& extra = "",
                                         const KvModelShape& shape = kShape) {
-  const PluginInfo* info = registry().find(PluginKind::kKvCache, variant.plugin);
-  REQUIRE_MESSAGE(info != nullptr, "kv_cache." << variant.plugin << " not found in "
-                                               << test::plugin_dir().string()
-                                               << " (build target kv_cache-" << variant.plugin << ")");
   std::string yaml = "{memory: " + std::to_string(capacity_tokens * kTokenBytes);
   if (variant.is_paged()) yaml += ", block_size: " + std::to_string(variant.block_size);
   if (!extra.empty()) yaml += ", " + extra;
   yaml += "}";
-  const PluginConfig config = validate_plugin_params(*info->manifest, "engine.kv_cache", yaml);
-  auto kv = registry().create<KvCacheManager>(variant.plugin, config, PluginContext{&host_logger(), ""});
+  auto kv = test::create_plugin<KvCacheManager>(variant.plugin, yaml);
   REQUIRE(kv);
   Status st = kv->configure(shape, layout);
   REQUIRE_MESSAGE(st.is_ok(), st.message());
@@ -189,13 +176,10 @@ TEST_CASE("configure sizes the pool and fails clearly when one sequence does not
     CHECK(layout32.num_blocks * 2 == layout.num_blocks);
 
     // A budget one token short of max_context.
-    const PluginInfo* info = registry().find(PluginKind::kKvCache, v.plugin);
     std::string yaml = "{memory: " + std::to_string((kShape.max_context - 1) * kTokenBytes);
     if (v.is_paged()) yaml += ", block_size: " + std::to_string(v.block_size);
     yaml += "}";
-    auto small = registry().create<KvCacheManager>(
-        v.plugin, validate_plugin_params(*info->manifest, "engine.kv_cache", yaml),
-        PluginContext{&host_logger(), ""});
+    auto small = test::create_plugin<KvCacheManager>(v.plugin, yaml);
     KvLayout none;
     const Status st = small->configure(kShape, &none);
     CHECK(st.code() == StatusCode::kResourceExhausted);
@@ -204,7 +188,7 @@ TEST_CASE("configure sizes the pool and fails clearly when one sequence does not
 }
 
 TEST_CASE("paged: parameter schema bounds block_size") {
-  const PluginInfo* info = registry().find(PluginKind::kKvCache, "paged");
+  const PluginInfo* info = test::plugin_registry().find(PluginKind::kKvCache, "paged");
   REQUIRE(info != nullptr);
   CHECK_THROWS(validate_plugin_params(*info->manifest, "engine.kv_cache", "{block_size: 0}"));
   CHECK_THROWS(validate_plugin_params(*info->manifest, "engine.kv_cache", "{block_size: 1025}"));

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "support/plugins.h"
 #include "support/test_env.h"
 #include "tessera/config.h"
 #include "tessera/plugin_registry.h"
@@ -26,18 +27,8 @@ namespace {
 
 using namespace tessera;
 
-PluginRegistry& registry() {
-  static PluginRegistry r;
-  static const bool scanned = [] {
-    r.scan_directory(test::plugin_dir());
-    return true;
-  }();
-  (void)scanned;
-  return r;
-}
-
 bool has_param(const std::string& plugin, const std::string& param) {
-  const PluginManifest* m = registry().find(PluginKind::kScheduler, plugin)->manifest;
+  const PluginManifest* m = test::plugin_registry().find(PluginKind::kScheduler, plugin)->manifest;
   for (size_t i = 0; i < m->num_params; ++i)
     if (param == m->params[i].name) return true;
   return false;
@@ -45,7 +36,7 @@ bool has_param(const std::string& plugin, const std::string& param) {
 
 std::vector<std::string> scheduler_plugins() {
   std::vector<std::string> names;
-  for (const PluginInfo* info : registry().list(PluginKind::kScheduler)) names.push_back(info->name());
+  for (const PluginInfo* info : test::plugin_registry().list(PluginKind::kScheduler)) names.push_back(info->name());
   return names;
 }
 
@@ -58,17 +49,14 @@ struct Limits {
 };
 
 std::shared_ptr<Scheduler> make_scheduler(const std::string& name, const Limits& limits) {
-  const PluginInfo* info = registry().find(PluginKind::kScheduler, name);
+  const PluginInfo* info = test::plugin_registry().find(PluginKind::kScheduler, name);
   REQUIRE_MESSAGE(info != nullptr, "scheduler plugin '", name, "' not found");
   std::string yaml = "{max_num_seqs: " + std::to_string(limits.max_num_seqs) +
                      ", max_batch_tokens: " + std::to_string(limits.max_batch_tokens);
   if (has_param(name, "chunk_size")) yaml += ", chunk_size: " + std::to_string(limits.chunk_size);
   if (has_param(name, "max_queue_time")) yaml += ", max_queue_time: " + limits.max_queue_time;
   yaml += "}";
-  PluginConfig config = validate_plugin_params(*info->manifest, "engine.scheduler", yaml);
-  PluginContext context;
-  context.logger = &host_logger();
-  return registry().create<Scheduler>(name, config, context);
+  return test::create_plugin<Scheduler>(name, yaml);
 }
 
 // A KV cache that counts blocks and nothing else. Prefix hits are configured per sequence;
@@ -420,20 +408,13 @@ std::vector<Request> random_requests(std::mt19937& rng, int n, int32_t max_promp
 
 TEST_CASE("scheduler plugins: static, continuous and chunked-prefill are registered") {
   const auto names = scheduler_plugins();
-  for (const auto& e : registry().load_errors()) MESSAGE("load error: ", e.library_path, ": ", e.message);
+  for (const auto& e : test::plugin_registry().load_errors()) MESSAGE("load error: ", e.library_path, ": ", e.message);
   for (const char* want : {"static", "continuous", "chunked-prefill"})
     CHECK_MESSAGE(std::find(names.begin(), names.end(), want) != names.end(), want);
 }
 
 TEST_CASE("scheduler plugins: defaults") {
-  auto defaults = [](const std::string& name) {
-    const PluginInfo* info = registry().find(PluginKind::kScheduler, name);
-    REQUIRE(info != nullptr);
-    PluginContext context;
-    context.logger = &host_logger();
-    return registry().create<Scheduler>(
-        name, validate_plugin_params(*info->manifest, "engine.scheduler", "{}"), context);
-  };
+  auto defaults = [](const std::string& name) { return test::create_plugin<Scheduler>(name, "{}"); };
   CHECK(defaults("continuous")->max_num_seqs() == 32);
   CHECK(defaults("continuous")->max_batch_tokens() == 2048);
   CHECK(defaults("chunked-prefill")->max_num_seqs() == 32);
