@@ -31,7 +31,7 @@ void CpuBackend::rms_norm(float* out, const float* in, const float* weight, int6
       float* y = out + r * dim;
       // Sum of squares in double, as ggml does, so norms match llama.cpp closely.
       double sum = 0.0;
-      for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(x[i]) * x[i];
+      for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(x[i] * x[i]);
       const float mean = static_cast<float>(sum / static_cast<double>(dim));
       const float scale = 1.0f / std::sqrt(mean + eps);
       for (int64_t i = 0; i < dim; ++i) y[i] = (x[i] * scale) * weight[i];
@@ -61,8 +61,10 @@ void CpuBackend::rope(float* x, const int32_t* positions, int64_t rows, int32_t 
           const int32_t b = p.neox ? i0 / 2 + rot / 2 : i0 + 1;
           const float x0 = v[a];
           const float x1 = v[b];
-          v[a] = x0 * c - x1 * s;
-          v[b] = x0 * s + x1 * c;
+          // Contracted exactly as GCC compiles ggml's rotate_pairs (x0*c - x1*s becomes
+          // fma(x0, c, -(x1*s))), so rotated values match llama.cpp's to the last bit.
+          v[a] = std::fma(x0, c, -(x1 * s));
+          v[b] = std::fma(x0, s, x1 * c);
         }
       }
     }
@@ -70,10 +72,12 @@ void CpuBackend::rope(float* x, const int32_t* positions, int64_t rows, int32_t 
 }
 
 void CpuBackend::silu_mul(float* gate, const float* up, int64_t n) {
+  // llama.cpp's SwiGLU uses its vectorized exp on whole groups of 8 and libm's expf on the
+  // tail; the FFN width is a multiple of 8 in every supported model, so ggml_expf throughout.
   pool_.run(n, [&](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) {
       const float g = gate[i];
-      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+      gate[i] = g / (1.0f + ggml_expf(-g)) * up[i];
     }
   });
 }

@@ -44,6 +44,10 @@ bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 // rounding in the last bit of some elements. Matching it keeps logits close to llama.cpp's.
 bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t n);
 
+// exp(x) as llama.cpp's x86 CPU backend computes it in softmax and SiLU (a vectorized
+// polynomial within 1.5 ulp + 0.5 of expf), evaluated per element. See ggml_math.cpp.
+float ggml_expf(float x);
+
 // The type activations are converted to before a dot product with a weight row of `type`.
 GgmlType vec_dot_type(GgmlType weight_type);
 // True when vec_dot supports this weight type.

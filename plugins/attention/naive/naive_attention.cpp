@@ -17,9 +17,11 @@ class NaiveAttention final : public AttentionKernel {
  public:
   size_t scratch_bytes(const AttentionShape& shape, int32_t max_rows,
                        int32_t max_context) const override {
-    // One score matrix per thread, plus a widened K/V row and a rounded query row.
-    return static_cast<size_t>(max_rows) * max_context * sizeof(float) +
-           2 * static_cast<size_t>(shape.head_dim) * sizeof(float);
+    // Per thread: the score matrix, 8 accumulator lanes per output element, a widened K/V
+    // row and a rounded query row.
+    return (static_cast<size_t>(max_rows) * max_context +
+            static_cast<size_t>(max_rows) * shape.head_dim * 8 + 2 * static_cast<size_t>(shape.head_dim)) *
+           sizeof(float);
   }
 
   Status forward(const AttentionShape& shape, const AttentionBatch& batch,
@@ -58,24 +60,61 @@ class NaiveAttention final : public AttentionKernel {
     }
   }
 
+  // The reduction orders below are those of llama.cpp's x86 CPU path, so that logits match
+  // it to the last bit (activations are re-quantized to 8 bits after attention, which turns
+  // last-bit differences into different tokens now and then):
+  //  - Q.K: ggml_vec_dot_f32 / _f16 — four 8-lane FMA accumulators over 32-element steps,
+  //    folded (0+2, 1+3, then 0+1) and summed across lanes pairwise;
+  //  - softmax: exp by ggml's vectorized polynomial (ggml_expf) in groups of 8 positions,
+  //    each group summed pairwise across lanes into a double;
+  //  - P.V: llamafile's tinyBLAS — one 8-lane FMA accumulator per output over the positions,
+  //    then summed across lanes pairwise.
+  static float dot_four_accumulators(const float* x, const float* y, int32_t n) {
+    float acc[4][8] = {};
+    const int32_t np = n & ~31;
+    for (int32_t i = 0; i < np; i += 32)
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 8; ++l) acc[j][l] = std::fma(x[i + 8 * j + l], y[i + 8 * j + l], acc[j][l]);
+    for (int l = 0; l < 8; ++l) {
+      acc[0][l] += acc[2][l];
+      acc[1][l] += acc[3][l];
+    }
+    for (int l = 0; l < 8; ++l) acc[0][l] += acc[1][l];
+    float t[4];
+    for (int l = 0; l < 4; ++l) t[l] = acc[0][l] + acc[0][l + 4];
+    float sum = (t[0] + t[1]) + (t[2] + t[3]);
+    for (int32_t i = np; i < n; ++i) sum += x[i] * y[i];
+    return sum;
+  }
+
+  // Sum of 8 lanes in the order _mm256 -> _mm128 (hi + lo), movehl, movehdup.
+  static float sum_lanes(const float* v) {
+    float t[4];
+    for (int l = 0; l < 4; ++l) t[l] = v[l + 4] + v[l];
+    return (t[0] + t[2]) + (t[1] + t[3]);
+  }
+
   static void run_head(const AttentionShape& s, const AttentionBatch& batch,
                        const AttentionSequence& seq, int32_t head, std::vector<float>& scratch) {
     const int32_t d = s.head_dim;
     const int32_t nq = seq.num_queries;
     const int32_t ctx = seq.context_len;
     const int32_t kv_head = head / (s.num_heads / s.num_kv_heads);
-    const size_t needed = static_cast<size_t>(nq) * ctx + 2 * static_cast<size_t>(d);
+    const size_t score_floats = static_cast<size_t>(nq) * ctx;
+    const size_t lane_floats = static_cast<size_t>(nq) * d * 8;
+    const size_t needed = score_floats + lane_floats + 2 * static_cast<size_t>(d);
     if (scratch.size() < needed) scratch.resize(needed);
     float* scores = scratch.data();
-    float* row = scratch.data() + static_cast<size_t>(nq) * ctx;
+    float* lanes = scores + score_floats;  // [query][dim][8] P.V accumulators
+    float* row = lanes + lane_floats;
+    float* q_rounded = row + d;
     const int64_t q_stride = static_cast<int64_t>(s.num_heads) * d;
 
     // With an f16 cache the products are taken at the cache's precision: Q and the softmax
     // probabilities are rounded to f16 before they meet K and V (what llama.cpp's CPU path and
-    // half-precision GPU kernels do), so logits match the reference closely.
+    // half-precision GPU kernels do).
     const bool half = s.kv_dtype == KvDtype::kF16;
     auto at_cache_precision = [half](float v) { return half ? fp16_to_fp32(fp32_to_fp16(v)) : v; };
-    float* q_rounded = row + d;
     // S = scale * Q K^T, causally masked.
     for (int32_t j = 0; j < ctx; ++j) {
       load_row(s, batch.k_pool, seq, j, kv_head, row);
@@ -88,36 +127,40 @@ class NaiveAttention final : public AttentionKernel {
         }
         const float* q = batch.q + (seq.query_start + i) * q_stride + head * d;
         for (int32_t k = 0; k < d; ++k) q_rounded[k] = at_cache_precision(q[k]);
-        float dot = 0.0f;
-        for (int32_t k = 0; k < d; ++k) dot += q_rounded[k] * row[k];
-        *out = dot * s.scale;
+        *out = dot_four_accumulators(row, q_rounded, d) * s.scale;
       }
     }
-    // Row-wise softmax.
+    // Row-wise softmax; masked positions give exp(-inf) = 0.
     for (int32_t i = 0; i < nq; ++i) {
       float* srow = scores + static_cast<size_t>(i) * ctx;
       const float max = *std::max_element(srow, srow + ctx);
       double sum = 0.0;
-      for (int32_t j = 0; j < ctx; ++j) {
-        srow[j] = std::exp(srow[j] - max);
-        sum += srow[j];
+      float group[8];
+      for (int32_t j0 = 0; j0 < ctx; j0 += 8) {
+        for (int l = 0; l < 8; ++l) {
+          group[l] = j0 + l < ctx ? ggml_expf(srow[j0 + l] - max) : 0.0f;
+          if (j0 + l < ctx) srow[j0 + l] = group[l];
+        }
+        sum += static_cast<double>(sum_lanes(group));
       }
       const float inv = static_cast<float>(1.0 / sum);
       for (int32_t j = 0; j < ctx; ++j) srow[j] = at_cache_precision(srow[j] * inv);
     }
-    // O = P V.
-    for (int32_t i = 0; i < nq; ++i) {
-      float* o = batch.out + (seq.query_start + i) * q_stride + head * d;
-      std::fill(o, o + d, 0.0f);
-    }
+    // O = P V with one 8-lane accumulator per output element (lane = position mod 8).
+    std::fill(lanes, lanes + lane_floats, 0.0f);
     for (int32_t j = 0; j < ctx; ++j) {
       load_row(s, batch.v_pool, seq, j, kv_head, row);
       for (int32_t i = 0; i < nq; ++i) {
         const float p = scores[static_cast<size_t>(i) * ctx + j];
         if (p == 0.0f) continue;
-        float* o = batch.out + (seq.query_start + i) * q_stride + head * d;
-        for (int32_t k = 0; k < d; ++k) o[k] += p * row[k];
+        float* acc = lanes + static_cast<size_t>(i) * d * 8;
+        for (int32_t k = 0; k < d; ++k) acc[k * 8 + j % 8] = std::fma(p, row[k], acc[k * 8 + j % 8]);
       }
+    }
+    for (int32_t i = 0; i < nq; ++i) {
+      float* o = batch.out + (seq.query_start + i) * q_stride + head * d;
+      const float* acc = lanes + static_cast<size_t>(i) * d * 8;
+      for (int32_t k = 0; k < d; ++k) o[k] = sum_lanes(acc + k * 8);
     }
   }
 
