@@ -144,6 +144,8 @@ void Engine::drain_inbox() {
     seq->pending_forks = r->spec.n - 1;
     seq->sampler_state.rng = seed_for(r->spec.params, r->id, 0);
     seq->timings.arrival = t;
+    // One time stamp per generated token; reserved so decode steps never grow it.
+    seq->timings.token_times.reserve(r->spec.params.max_tokens + components_.num_draft_tokens + 1);
     r->num_open = r->spec.n;
     requests_[r->id] = r;
     components_.scheduler->add(&seq->info);
@@ -162,14 +164,18 @@ Engine::Sequence* Engine::find_sequence(SeqId id) {
   return it == sequences_.end() ? nullptr : it->second.get();
 }
 
-void Engine::emit(Sequence& seq, std::vector<SampledToken> tokens) {
+void Engine::emit(Sequence& seq, std::vector<SampledToken>& tokens) {
   const bool report_finish = seq.finished && !seq.finish_reported;
   if (tokens.empty() && !report_finish) return;
   if (report_finish) seq.finish_reported = true;
-  if (!seq.request->spec.on_event) return;
+  if (!seq.request->spec.on_event) {
+    tokens.clear();
+    return;
+  }
   GenerationEvent ev;
   ev.request_id = seq.info.request_id;
   ev.choice = seq.choice;
+  // The caller's buffer travels in the event and comes back, capacity kept.
   ev.tokens = std::move(tokens);
   ev.finished = report_finish;
   ev.finish_reason = report_finish ? seq.finish_reason : FinishReason::kNone;
@@ -178,6 +184,8 @@ void Engine::emit(Sequence& seq, std::vector<SampledToken> tokens) {
   ev.num_cached_prompt_tokens = seq.num_cached_prompt_tokens;
   ev.timings = &seq.timings;
   seq.request->spec.on_event(ev);
+  tokens = std::move(ev.tokens);
+  tokens.clear();
 }
 
 void Engine::finish(Sequence& seq, FinishReason reason, Status error, bool report_now) {
@@ -191,7 +199,10 @@ void Engine::finish(Sequence& seq, FinishReason reason, Status error, bool repor
   if (seq.pending_forks > 0) seq.request->num_open -= seq.pending_forks;
   seq.pending_forks = 0;
   finished_.push_back(seq.info.id);
-  if (report_now) emit(seq, {});
+  if (report_now) {
+    std::vector<SampledToken> no_tokens;
+    emit(seq, no_tokens);
+  }
 }
 
 void Engine::append_token(Sequence& seq, const SampledToken& token, std::vector<SampledToken>* emitted) {
@@ -226,6 +237,7 @@ void Engine::fork_children(Sequence& parent) {
     child->num_cached_prompt_tokens = parent.num_cached_prompt_tokens;
     child->sampler_state.rng = seed_for(parent.request->spec.params, parent.info.request_id, c);
     child->timings = parent.timings;
+    child->timings.token_times.reserve(parent.timings.token_times.capacity());
     Status st = components_.kv_cache->fork(parent.info.id, child->info.id);
     Sequence& ref = *child;
     sequences_[child->info.id] = std::move(child);
@@ -335,20 +347,21 @@ bool Engine::step() {
             SamplingInput in{&p, child->info.tokens};
             Status ss = c.sampler->sample(row_copy, in, &child->sampler_state, &tok);
             if (!ss.is_ok()) { finish(*child, FinishReason::kError, ss); continue; }
-            std::vector<SampledToken> out;
-            append_token(*child, tok, &out);
-            emit(*child, std::move(out));
+            emitted_.clear();
+            append_token(*child, tok, &emitted_);
+            emit(*child, emitted_);
           }
           SampledToken tok;
           SamplingInput in{&p, seq.info.tokens};
           Status ss = c.sampler->sample(std::span<float>(first_row, vocab), in, &seq.sampler_state, &tok);
           if (!ss.is_ok()) { finish(seq, FinishReason::kError, ss); continue; }
-          std::vector<SampledToken> out;
-          append_token(seq, tok, &out);
-          emit(seq, std::move(out));
+          emitted_.clear();
+          append_token(seq, tok, &emitted_);
+          emit(seq, emitted_);
           continue;
         }
-        std::vector<SampledToken> sampled;
+        std::vector<SampledToken>& sampled = sampled_;
+        sampled.clear();
         Status ss;
         if (num_drafts == 0) {
           SampledToken tok;
@@ -357,9 +370,11 @@ bool Engine::step() {
           sampled.push_back(std::move(tok));
           seq.info.num_computed_tokens += rs.num_tokens;
         } else {
-          std::vector<TokenId> drafts(seq.tokens.end() - num_drafts, seq.tokens.end());
+          std::vector<TokenId>& drafts = drafts_;
+          drafts.assign(seq.tokens.end() - num_drafts, seq.tokens.end());
           seq.drop_drafts();
-          std::vector<std::span<float>> rows;
+          std::vector<std::span<float>>& rows = verify_rows_;
+          rows.clear();
           for (int32_t k = 0; k <= num_drafts; ++k)
             rows.emplace_back(first_row + static_cast<size_t>(k) * vocab, vocab);
           SamplingInput in{&p, seq.info.tokens};
@@ -372,13 +387,13 @@ bool Engine::step() {
         }
         c.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
         if (!ss.is_ok()) { finish(seq, FinishReason::kError, ss); continue; }
-        std::vector<SampledToken> out;
+        emitted_.clear();
         for (const SampledToken& tok : sampled) {
-          append_token(seq, tok, &out);
+          append_token(seq, tok, &emitted_);
           if (seq.finished) break;
         }
         // Tokens and, when the sequence ended, its finish reason in one event.
-        emit(seq, std::move(out));
+        emit(seq, emitted_);
       }
     }
     ++stats_.num_steps;
@@ -399,7 +414,7 @@ bool Engine::step() {
 }
 
 void Engine::propose_drafts() {
-  std::vector<TokenId> drafts;
+  std::vector<TokenId>& drafts = drafts_;
   for (Sequence* seq : batch_sequences_) {
     if (seq->finished || seq->info.is_prefill() || seq->info.num_draft_tokens > 0) continue;
     const int32_t room = std::min(components_.num_draft_tokens,

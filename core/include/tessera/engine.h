@@ -128,7 +128,9 @@ class Engine {
   // Marks a sequence finished; its blocks are freed at the end of the step. The finished
   // event goes out now, or with the step's tokens when report_now is false.
   void finish(Sequence& seq, FinishReason reason, Status error = {}, bool report_now = true);
-  void emit(Sequence& seq, std::vector<SampledToken> tokens);
+  // Delivers `tokens` (and the finish, when due) to the request's callback; leaves `tokens`
+  // empty with its capacity kept.
+  void emit(Sequence& seq, std::vector<SampledToken>& tokens);
   void append_token(Sequence& seq, const SampledToken& token, std::vector<SampledToken>* emitted);
   void fork_children(Sequence& parent);
   void propose_drafts();
@@ -150,6 +152,10 @@ class Engine {
   std::vector<BlockCopy> block_copies_;
   std::vector<float> logits_;
   std::vector<SeqId> finished_;
+  // Per-step scratch, reused so the steady-state step does not allocate.
+  std::vector<SampledToken> sampled_, emitted_;
+  std::vector<TokenId> drafts_;
+  std::vector<std::span<float>> verify_rows_;
   EngineStats stats_;
 
   // Cross-thread inbox.

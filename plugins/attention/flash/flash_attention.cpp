@@ -70,15 +70,24 @@ class FlashAttention final : public AttentionKernel {
     }
     if (tasks_.empty()) return Status::ok();
     // Longest first, handed out dynamically: a causal prefill's last query tiles cost far
-    // more than its first ones, so a static even split would leave threads idle.
-    std::stable_sort(tasks_.begin(), tasks_.end(),
-                     [](const Task& a, const Task& b) { return a.cost > b.cost; });
+    // more than its first ones, so a static even split would leave threads idle. A total
+    // order keeps the hand-out deterministic; std::sort, unlike stable_sort, needs no
+    // temporary buffer, so the steady-state step allocates nothing here.
+    std::sort(tasks_.begin(), tasks_.end(), [](const Task& a, const Task& b) {
+      if (a.cost != b.cost) return a.cost > b.cost;
+      if (a.seq != b.seq) return a.seq < b.seq;
+      if (a.kv_head != b.kv_head) return a.kv_head < b.kv_head;
+      return a.q_begin < b.q_begin;
+    });
 
     const Layout lay = layout(shape, max_queries, max_context);
     const int32_t num_threads = std::max(1, executor.num_threads());
     if (static_cast<int32_t>(scratch_.size()) < num_threads) scratch_.resize(num_threads);
+    // Sized once for full tiles (the most any call can need), not for this call's context:
+    // growing with a short context would reallocate during decode.
+    const size_t full_tiles = layout(shape, query_tile_, kv_tile_).num_floats;
     for (auto& s : scratch_)
-      if (s.size() < lay.num_floats) s.resize(lay.num_floats);  // grows once, then reused
+      if (s.size() < std::max(full_tiles, lay.num_floats)) s.resize(std::max(full_tiles, lay.num_floats));
 
     const auto run_task = use_simd_ ? &flash::run_task_avx2 : &flash::run_task_generic;
     std::atomic<size_t> next{0};

@@ -8,12 +8,15 @@
 //   plain  - ref_count == 0 and never published (or evicted): free with nothing worth keeping.
 // Allocation prefers plain blocks and evicts cached ones only when no plain block is left,
 // so reusable K/V survives as long as memory allows. Not thread-safe (engine step thread).
+//
+// Everything is sized in reset(): the prefix index is a fixed bucket array with chains
+// threaded through the blocks, and each block's token ids live in one flat array, so
+// allocating, publishing, finding and evicting never touch the heap during serving.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "tessera/sdk/types.h"
@@ -42,15 +45,20 @@ inline uint64_t chain_hash(uint64_t parent_hash, std::span<const TokenId> tokens
 
 class BlockPool {
  public:
-  void reset(int32_t num_blocks) {
+  void reset(int32_t num_blocks, int32_t block_size) {
     blocks_.assign(static_cast<size_t>(num_blocks), Block{});
+    block_size_ = block_size;
+    block_tokens_.assign(static_cast<size_t>(num_blocks) * block_size, 0);
+    // A power of two with at least two buckets per block keeps chains short.
+    size_t buckets = 1;
+    while (buckets < 2 * static_cast<size_t>(std::max(1, num_blocks))) buckets *= 2;
+    bucket_heads_.assign(buckets, -1);
     plain_.clear();
     // A stack popped from the back: block 0 is handed out first, which keeps early tables
     // readable in logs and tests.
     for (int32_t b = num_blocks - 1; b >= 0; --b) plain_.push_back(b);
     lru_head_ = lru_tail_ = -1;
     num_cached_ = 0;
-    by_hash_.clear();
   }
 
   int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
@@ -101,12 +109,12 @@ class BlockPool {
   // and the same token ids. Comparing the stored content means a 64-bit hash collision can
   // never hand out wrong K/V. Prefers a block already in use, so a hit costs no free block.
   int32_t find(uint64_t hash, uint64_t parent_hash, std::span<const TokenId> tokens) const {
-    auto it = by_hash_.find(hash);
-    if (it == by_hash_.end()) return -1;
     int32_t found = -1;
-    for (int32_t b : it->second) {
+    for (int32_t b = bucket_heads_[bucket_of(hash)]; b >= 0; b = blocks_[b].hash_next) {
       const Block& block = blocks_[b];
-      if (block.parent_hash != parent_hash || !std::ranges::equal(block.tokens, tokens)) continue;
+      if (block.hash != hash || block.parent_hash != parent_hash ||
+          !std::ranges::equal(tokens_of(b), tokens))
+        continue;
       if (block.ref_count > 0) return b;
       if (found < 0) found = b;
     }
@@ -122,8 +130,13 @@ class BlockPool {
     block.is_published = true;
     block.hash = hash;
     block.parent_hash = parent_hash;
-    block.tokens.assign(tokens.begin(), tokens.end());
-    by_hash_[hash].push_back(b);
+    block.num_tokens = static_cast<int32_t>(std::min<size_t>(tokens.size(), block_size_));
+    std::copy_n(tokens.begin(), block.num_tokens, block_tokens_.begin() + static_cast<size_t>(b) * block_size_);
+    // Appended at the chain's tail, so among equal chains the first published is found first.
+    int32_t* link = &bucket_heads_[bucket_of(hash)];
+    while (*link >= 0) link = &blocks_[*link].hash_next;
+    *link = b;
+    block.hash_next = -1;
   }
 
   // Cached blocks from least to most recently released (the eviction order), for tests.
@@ -140,21 +153,30 @@ class BlockPool {
     bool in_lru = false;
     uint64_t hash = 0;
     uint64_t parent_hash = 0;
-    std::vector<TokenId> tokens;  // the block's token ids, kept to verify prefix hits
+    int32_t num_tokens = 0;       // of its slice of block_tokens_, kept to verify prefix hits
+    int32_t hash_next = -1;       // next published block in the same index bucket
     int32_t prev = -1;            // LRU links (intrusive, so a hit leaves the list in O(1))
     int32_t next = -1;
   };
 
+  size_t bucket_of(uint64_t hash) const { return hash & (bucket_heads_.size() - 1); }
+
+  std::span<const TokenId> tokens_of(int32_t b) const {
+    return {block_tokens_.data() + static_cast<size_t>(b) * block_size_,
+            static_cast<size_t>(blocks_[b].num_tokens)};
+  }
+
   void unpublish(int32_t b) {
     Block& block = blocks_[b];
     if (!block.is_published) return;
-    auto it = by_hash_.find(block.hash);
-    if (it != by_hash_.end()) {
-      std::erase(it->second, b);
-      if (it->second.empty()) by_hash_.erase(it);
-    }
+    for (int32_t* link = &bucket_heads_[bucket_of(block.hash)]; *link >= 0; link = &blocks_[*link].hash_next)
+      if (*link == b) {
+        *link = block.hash_next;
+        break;
+      }
+    block.hash_next = -1;
     block.is_published = false;
-    block.tokens.clear();
+    block.num_tokens = 0;
   }
 
   void lru_push_back(int32_t b) {
@@ -181,7 +203,9 @@ class BlockPool {
   int32_t lru_head_ = -1;
   int32_t lru_tail_ = -1;
   int32_t num_cached_ = 0;
-  std::unordered_map<uint64_t, std::vector<int32_t>> by_hash_;
+  int32_t block_size_ = 0;
+  std::vector<TokenId> block_tokens_;  // num_blocks x block_size token ids
+  std::vector<int32_t> bucket_heads_;  // prefix index: first published block per bucket
 };
 
 }  // namespace tessera::paged

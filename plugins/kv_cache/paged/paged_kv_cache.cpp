@@ -57,10 +57,11 @@ class PagedKvCache final : public KvCacheManager {
           std::to_string(shape.max_context) + " tokens needs " + std::to_string(blocks_per_seq) +
           " blocks (" + std::to_string(static_cast<int64_t>(blocks_per_seq) * block_bytes) +
           " bytes); raise engine.kv_cache.memory or lower model.context_length");
+    blocks_per_seq_ = blocks_per_seq;
     layout->block_size = block_size_;
     layout->num_blocks = static_cast<int32_t>(blocks);
     layout->dtype = dtype_;
-    pool_.reset(layout->num_blocks);
+    pool_.reset(layout->num_blocks, block_size_);
     sequences_.clear();
     copies_.clear();
     prefix_query_tokens_ = prefix_hit_tokens_ = 0;
@@ -83,7 +84,7 @@ class PagedKvCache final : public KvCacheManager {
     prefix_query_tokens_ += std::max(0, num_prompt);
     if (max_blocks == 0) return 0;
 
-    SeqBlocks blocks;
+    SeqBlocks blocks = new_seq_blocks();
     uint64_t parent = paged::kRootHash;
     for (int32_t i = 0; i < max_blocks; ++i) {
       const auto tokens = seq.tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
@@ -107,7 +108,7 @@ class PagedKvCache final : public KvCacheManager {
     if (num_new_tokens < 0) return false;
     auto it = sequences_.find(seq.id);
     const bool is_new = it == sequences_.end();
-    SeqBlocks empty;
+    SeqBlocks empty = is_new ? new_seq_blocks() : SeqBlocks{};
     SeqBlocks& s = is_new ? empty : it->second;
 
     // Counted from num_computed_tokens, as the SDK says: in the step that attached a prefix
@@ -182,7 +183,11 @@ class PagedKvCache final : public KvCacheManager {
       return invalid_argument("kv_cache.paged: fork of unknown sequence " + std::to_string(parent));
     if (sequences_.count(child))
       return invalid_argument("kv_cache.paged: fork into existing sequence " + std::to_string(child));
-    SeqBlocks copy = it->second;  // copied before emplace may rehash and move `it`
+    SeqBlocks copy = new_seq_blocks();  // copied before emplace may rehash and move `it`
+    copy.table = it->second.table;
+    copy.hashes = it->second.hashes;
+    copy.num_computed = it->second.num_computed;
+    copy.num_attached = it->second.num_attached;
     for (int32_t b : copy.table) pool_.add_ref(b);
     sequences_.emplace(child, std::move(copy));
     return Status::ok();
@@ -234,7 +239,17 @@ class PagedKvCache final : public KvCacheManager {
     int32_t num_attached = 0;
   };
 
+  // Tables sized for a whole context up front: a decode step that crosses into a new block
+  // then appends without touching the heap.
+  SeqBlocks new_seq_blocks() const {
+    SeqBlocks s;
+    s.table.reserve(blocks_per_seq_);
+    s.hashes.reserve(blocks_per_seq_);
+    return s;
+  }
+
   int32_t block_size_;
+  int32_t blocks_per_seq_ = 1;
   int64_t budget_;
   KvDtype dtype_;
   bool prefix_caching_;

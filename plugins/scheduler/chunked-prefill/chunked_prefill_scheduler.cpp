@@ -44,7 +44,7 @@ class ChunkedPrefillScheduler final : public Scheduler {
 
     // Victims leave the running list while we walk it, so walk a snapshot: decodes first, then the
     // next chunk of every prompt still being fed.
-    const std::vector<const SequenceInfo*> snapshot = queues_.running;
+    const std::vector<const SequenceInfo*>& snapshot = queues_.running_snapshot();
     for (const SequenceInfo* seq : snapshot) {
       if (budget <= 0) break;
       if (!queues_.is_running(seq) || !is_decode(*seq)) continue;

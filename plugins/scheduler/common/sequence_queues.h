@@ -59,6 +59,13 @@ class SequenceQueues {
     started_.erase(id);
   }
 
+  // A copy of `running` to walk while victims leave it. The copy lives in a member whose
+  // capacity is kept, so a steady-state step allocates nothing.
+  const std::vector<const SequenceInfo*>& running_snapshot() {
+    snapshot_.assign(running.begin(), running.end());
+    return snapshot_;
+  }
+
   // Moves the head of the waiting queue to running.
   void start_front() {
     const SequenceInfo* seq = waiting.front();
@@ -135,6 +142,7 @@ class SequenceQueues {
     waiting.push_front(victim);
   }
 
+  std::vector<const SequenceInfo*> snapshot_;
   std::unordered_set<SeqId> started_;  // ever admitted (exempt from max_queue_time)
 };
 

@@ -117,7 +117,7 @@ class ContinuousScheduler final : public Scheduler {
   bool schedule_running(KvCacheManager& kv, int32_t* budget, SchedulePlan* plan) {
     bool preempted = false;
     // Victims leave the running list while we walk it, so walk a snapshot.
-    const std::vector<const SequenceInfo*> snapshot = queues_.running;
+    const std::vector<const SequenceInfo*>& snapshot = queues_.running_snapshot();
     for (const SequenceInfo* seq : snapshot) {
       if (!queues_.is_running(seq)) continue;
       const int32_t n = seq->num_uncomputed();

@@ -1,0 +1,136 @@
+// The steady-state step loop allocates nothing: once every sequence of a batch is decoding,
+// a step (scheduling, KV slots, the forward pass, sampling, streaming the token out) must not
+// touch the heap. Heap traffic per token costs time and fragments memory in a server that
+// runs for weeks. Counted by replacing the global operator new for this test binary, which
+// the plugins (shared libraries) resolve to as well.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <new>
+#include <string>
+
+#include "support/real_model.h"
+#include "support/test_env.h"
+#include "tessera/config.h"
+#include "tessera/engine.h"
+#include "tessera/plugin_registry.h"
+#include "tessera/stack.h"
+
+namespace {
+std::atomic<uint64_t> g_heap_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  g_heap_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t size) { return operator new(size); }
+void* operator new(std::size_t size, std::align_val_t align) {
+  g_heap_allocations.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t a = static_cast<std::size_t>(align);
+  if (void* p = std::aligned_alloc(a, (size + a - 1) / a * a)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t size, std::align_val_t align) { return operator new(size, align); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+using namespace tessera;
+
+namespace {
+
+constexpr int kSequences = 4;
+constexpr int kMaxTokens = 48;
+
+struct Counts {
+  int tokens[kSequences] = {};
+  bool finished[kSequences] = {};
+};
+
+// Allocations during `measured_steps` steps taken after every sequence has produced at least
+// `warmup_tokens` tokens.
+uint64_t allocations_in_steady_state(const std::string& name, const std::string& engine_yaml,
+                                     int warmup_tokens, int measured_steps) {
+  const auto dir = test::scratch_dir("step-allocations-" + name);
+  const auto path = dir / "stack.yaml";
+  std::ofstream(path) << "extends: " << (test::source_dir() / "configs/smollm2-cpu.yaml").string()
+                      << "\nengine:\n" << engine_yaml;
+  PluginRegistry registry;
+  registry.scan_directory(test::plugin_dir());
+  auto engine = build_engine(load_stack_config(path.string(), registry), registry);
+
+  Counts counts;
+  const std::string texts[kSequences] = {"The capital of France is", "Once upon a time",
+                                         "def fibonacci(n):", "List three colours:"};
+  for (int i = 0; i < kSequences; ++i) {
+    GenerationRequest r;
+    r.prompt = engine->model().tokenizer().encode(texts[i], true, false);
+    r.params.temperature = i % 2 ? 0.8f : 0.0f;  // both the greedy and the sampling path
+    r.params.top_p = 0.9f;
+    r.params.top_k = 40;
+    r.params.seed = 7;
+    r.params.has_seed = true;
+    r.params.max_tokens = kMaxTokens;
+    r.params.ignore_eos = true;
+    // The callback itself must not allocate: it only counts.
+    r.on_event = [&counts, i](const GenerationEvent& ev) {
+      counts.tokens[i] += static_cast<int>(ev.tokens.size());
+      if (ev.finished) counts.finished[i] = true;
+    };
+    uint64_t id = 0;
+    REQUIRE(engine->submit(std::move(r), &id).is_ok());
+  }
+  auto all_past = [&](int n) {
+    for (int i = 0; i < kSequences; ++i)
+      if (counts.tokens[i] < n) return false;
+    return true;
+  };
+  while (!all_past(warmup_tokens)) REQUIRE(engine->step());
+
+  const uint64_t before = g_heap_allocations.load();
+  // No doctest assertion inside the window: its bookkeeping allocates.
+  int steps_with_work = 0;
+  for (int s = 0; s < measured_steps; ++s) steps_with_work += engine->step() ? 1 : 0;
+  const uint64_t allocations = g_heap_allocations.load() - before;
+  REQUIRE(steps_with_work == measured_steps);
+
+  for (int i = 0; i < kSequences; ++i) REQUIRE_FALSE(counts.finished[i]);  // still steady state
+  engine->run_until_idle();
+  for (int i = 0; i < kSequences; ++i) CHECK(counts.tokens[i] == kMaxTokens);
+  CHECK(engine->stats().kv.num_used_blocks == 0);
+  MESSAGE(name << ": " << allocations << " heap allocations in " << measured_steps
+               << " decode steps of " << kSequences << " sequences");
+  return allocations;
+}
+
+}  // namespace
+
+TEST_CASE("decode steps allocate nothing once the batch is running") {
+  if (!test::have_real_model()) return;
+  // Crossing KV block boundaries (block 16) during the measured steps is part of the test.
+  CHECK(allocations_in_steady_state("continuous-paged-flash",
+                                    "  scheduler: {plugin: continuous, max_num_seqs: 8}\n"
+                                    "  kv_cache: {plugin: paged, block_size: 16, memory: 64MiB}\n"
+                                    "  attention: {plugin: flash}\n",
+                                    4, 24) == 0);
+  CHECK(allocations_in_steady_state("chunked-paged-prefix",
+                                    "  scheduler: {plugin: chunked-prefill, chunk_size: 32}\n"
+                                    "  kv_cache: {plugin: paged, block_size: 8, memory: 64MiB, "
+                                    "prefix_caching: true}\n"
+                                    "  attention: {plugin: flash}\n",
+                                    4, 24) == 0);
+  CHECK(allocations_in_steady_state("static-contiguous-naive",
+                                    "  scheduler: {plugin: static, max_num_seqs: 8}\n"
+                                    "  kv_cache: {plugin: contiguous, memory: 256MiB}\n"
+                                    "  attention: {plugin: naive}\n",
+                                    4, 24) == 0);
+}
