@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Tessera beside llama.cpp, measured in one run on the same GGUF and the same workload.
+
+The peer is llama.cpp as vendored by the `llama-cpp-python` source package on PyPI (the
+only registry this project may reach), built once into ~/.cache/tessera/peer with
+GGML_NATIVE, so it uses every instruction set of this CPU as Tessera does. It is for
+benchmarks only; CI never builds it.
+
+  bench/peer_llama_cpp.py build                 # fetch and build llama-bench + llama-server
+  bench/peer_llama_cpp.py latency -r 3          # pp512 / tg128, interleaved peer, tessera, ...
+  bench/peer_llama_cpp.py serve --clients 16    # llama-server -np 16 -cb vs tessera serve
+  bench/peer_llama_cpp.py all --write-docs      # both, table into docs/benchmarks.md
+
+Every figure in the table comes from this script's own run; ratios are Tessera / llama.cpp.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER_VERSION = "0.3.36"  # the llama-cpp-python release whose fixtures tests/ compares with
+CACHE = Path(os.environ.get("TESSERA_PEER_DIR", Path.home() / ".cache/tessera/peer"))
+DEFAULT_MODEL = Path(os.environ.get("TESSERA_MODEL_DIR", Path.home() / ".cache/tessera/models")) / \
+    "SmolLM2-135M-Instruct.Q4_1.gguf"
+DOCS_BEGIN = "<!-- peer-llama-cpp:begin -->"
+DOCS_END = "<!-- peer-llama-cpp:end -->"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    log("+ " + " ".join(str(c) for c in cmd))
+    return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def peer_dir() -> Path:
+    return CACHE / f"llama-cpp-python-{PEER_VERSION}"
+
+
+def peer_bin(name: str) -> Path:
+    return peer_dir() / "build" / "bin" / name
+
+
+def build_peer(jobs: int) -> None:
+    if peer_bin("llama-bench").exists() and peer_bin("llama-server").exists():
+        log(f"peer already built in {peer_dir()}")
+        return
+    src = peer_dir() / "src"
+    if not (src / "vendor" / "llama.cpp" / "CMakeLists.txt").exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                 f"llama-cpp-python=={PEER_VERSION}", "-d", tmp])
+            archive = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+            with tarfile.open(archive) as tar:
+                tar.extractall(tmp, filter="data")
+            shutil.rmtree(src, ignore_errors=True)
+            src.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(next(p for p in Path(tmp).iterdir() if p.is_dir())), src)
+    build = peer_dir() / "build"
+    run(["cmake", "-S", src / "vendor" / "llama.cpp", "-B", build, "-G", "Ninja",
+         "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON",
+         "-DLLAMA_BUILD_SERVER=ON", f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={build / 'bin'}"])
+    run(["cmake", "--build", build, "-j", str(jobs), "--target", "llama-bench", "llama-server"])
+
+
+# ----------------------------------------------------------------------------- latency
+
+
+def llama_bench_once(model: Path, threads: int, pp: int, tg: int) -> dict[str, float]:
+    out = run([peer_bin("llama-bench"), "-m", model, "-t", threads, "-p", pp, "-n", tg, "-r", 1,
+               "-o", "json"], capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    result = {}
+    for r in rows:
+        if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0:
+            result["pp"] = float(r["avg_ts"])
+        elif r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0:
+            result["tg"] = float(r["avg_ts"])
+    return result
+
+
+def tessera_bench_once(tessera: Path, config: Path, pp: int, tg: int) -> dict[str, object]:
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        run([tessera, "bench", "latency", "-c", config, "-p", pp, "-g", tg, "-r", 1, "--json", f.name],
+            stdout=subprocess.DEVNULL)
+        j = json.load(open(f.name))
+    return {"pp": j["pp"]["tokens_per_s"]["p50"], "tg": j["tg"]["tokens_per_s"]["p50"],
+            "pp_roofline": j["pp"]["roofline_tokens_per_s"], "tg_roofline": j["tg"]["roofline_tokens_per_s"],
+            "machine": j["machine"]}
+
+
+def measure_latency(args) -> dict:
+    rounds = {"llama.cpp": {"pp": [], "tg": []}, "tessera": {"pp": [], "tg": []}}
+    last = None
+    for r in range(args.repeats):
+        log(f"latency round {r + 1}/{args.repeats}")
+        peer = llama_bench_once(args.model, args.threads, args.pp, args.tg)
+        last = tessera_bench_once(args.tessera, args.config, args.pp, args.tg)
+        for k in ("pp", "tg"):
+            rounds["llama.cpp"][k].append(peer[k])
+            rounds["tessera"][k].append(float(last[k]))
+    return {"rounds": rounds, "pp_roofline": last["pp_roofline"], "tg_roofline": last["tg_roofline"],
+            "machine": last["machine"], "pp": args.pp, "tg": args.tg}
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not healthy after {timeout} s")
+
+
+def write_serving_workload(path: Path, n: int, out_tokens: int) -> None:
+    """~128-token prompts (different openings, so no two share more than a few tokens)."""
+    subjects = ["a lighthouse keeper", "the history of bread", "a chess opening", "how rivers form",
+                "a small robot", "the moons of Jupiter", "a mountain village", "the first computers",
+                "an old violin", "desert plants", "a train journey", "the deep ocean", "a city garden",
+                "paper making", "a clockmaker", "winter birds"]
+    body = ("Write a detailed story about {s}. Describe the place, the people, the sounds and the "
+            "colours, what happens in the morning and in the evening, and why it matters to the "
+            "people who live there. Use plain words, short sentences and concrete details, and end "
+            "with a question for the reader about {s} and what they would have done in that place.")
+    with open(path, "w") as f:
+        for i in range(n):
+            s = subjects[i % len(subjects)]
+            prompt = f"Request {i}. " + body.format(s=s) + " " + body.format(s=subjects[(i * 7 + 3) % len(subjects)])
+            f.write(json.dumps({"prompt": prompt, "max_tokens": out_tokens}) + "\n")
+
+
+def bench_serve(tessera: Path, url: str, workload: Path, clients: int, n: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        run([tessera, "bench", "serve", "--url", url, "-w", workload, "--concurrency", clients, "-n", n,
+             "--json", f.name], stdout=subprocess.DEVNULL)
+        j = json.load(open(f.name))
+    return j["levels"][0]["metrics"]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def measure_serving(args) -> dict:
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        workload = Path(tmp) / "serve.jsonl"
+        write_serving_workload(workload, args.requests, args.out_tokens)
+        ctx_per_slot = 512
+        servers = {
+            "llama.cpp": lambda port: [peer_bin("llama-server"), "-m", args.model, "-t", args.threads,
+                                       "-np", args.clients, "-cb", "-c", args.clients * ctx_per_slot,
+                                       "--host", "127.0.0.1", "--port", port],
+            "tessera": lambda port: [args.tessera, "serve", "--config", args.serve_config,
+                                     "--host", "127.0.0.1", "--port", port],
+        }
+        for name, cmd in servers.items():
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            log_path = Path(tmp) / f"{name}.log"
+            proc = subprocess.Popen([str(c) for c in cmd(port)], stdout=open(log_path, "w"),
+                                    stderr=subprocess.STDOUT)
+            try:
+                wait_healthy(url, proc)
+                results[name] = bench_serve(args.tessera, url, workload, args.clients, args.requests)
+            finally:
+                stop(proc)
+    return results
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs):
+    return f"{min(xs):.1f}–{max(xs):.1f}" if xs else "–"
+
+
+def table(lat: dict | None, srv: dict | None, args) -> str:
+    lines = []
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines.append(f"Measured {stamp} by `bench/peer_llama_cpp.py {' '.join(sys.argv[1:])}` "
+                 f"(llama.cpp from llama-cpp-python {PEER_VERSION}, GGML_NATIVE; "
+                 f"{args.model.name}; {args.threads} threads).")
+    lines.append("")
+    if lat:
+        m = lat["machine"]
+        lines.append(f"Machine limits measured by `tessera bench latency`: DRAM read "
+                     f"{m['read_bandwidth_gb_s']:.1f} GB/s, FP32 FMA peak {m['fma_peak_gflop_s']:.0f} GFLOP/s "
+                     f"→ decode roofline {lat['tg_roofline']:.0f} t/s, prefill roofline {lat['pp_roofline']:.0f} t/s.")
+        lines.append("")
+        lines.append("| test | llama.cpp t/s (median, range) | Tessera t/s (median, range) | Tessera / llama.cpp | target | Tessera as % of roofline |")
+        lines.append("|---|---|---|---|---|---|")
+        for k, label, roof in (("pp", f"pp{lat['pp']}", lat["pp_roofline"]), ("tg", f"tg{lat['tg']}", lat["tg_roofline"])):
+            p, t = lat["rounds"]["llama.cpp"][k], lat["rounds"]["tessera"][k]
+            ratio = median(t) / median(p)
+            lines.append(f"| {label} | {median(p):.1f} ({spread(p)}) | {median(t):.1f} ({spread(t)}) | "
+                         f"{ratio:.2f}× | ≥ 1.5× {'met' if ratio >= 1.5 else 'missed'} | {100 * median(t) / roof:.0f}% |")
+        lines.append("")
+    if srv:
+        lines.append(f"Serving: {args.clients} concurrent streaming clients, {args.requests} requests of "
+                     f"≈128 prompt tokens and {args.out_tokens} output tokens (`tessera bench serve`); "
+                     f"llama-server `-np {args.clients} -cb`, Tessera `{args.serve_config}`.")
+        lines.append("")
+        lines.append("| server | ok/sent | output t/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p99 ms |")
+        lines.append("|---|---|---|---|---|---|")
+        for name, m in srv.items():
+            lines.append(f"| {name} | {m['completed']}/{m['requests']} | {m['output_tokens_per_s']:.1f} | "
+                         f"{m['ttft_p50_ms']:.0f} / {m['ttft_p99_ms']:.0f} | {m['tpot_p50_ms']:.1f} / {m['tpot_p99_ms']:.1f} | "
+                         f"{m['itl_p99_ms']:.1f} |")
+        if "llama.cpp" in srv and "tessera" in srv:
+            a, b = srv["tessera"], srv["llama.cpp"]
+            ratio = a["output_tokens_per_s"] / b["output_tokens_per_s"]
+            lines.append("")
+            lines.append(f"Output tokens/s Tessera / llama.cpp: **{ratio:.2f}×** (target ≥ 3×: "
+                         f"{'met' if ratio >= 3 else 'missed'}); p99 TPOT {a['tpot_p99_ms']:.1f} vs "
+                         f"{b['tpot_p99_ms']:.1f} ms ({'lower' if a['tpot_p99_ms'] < b['tpot_p99_ms'] else 'not lower'}).")
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(text: str) -> None:
+    path = ROOT / "docs" / "benchmarks.md"
+    doc = path.read_text()
+    block = f"{DOCS_BEGIN}\n{text}{DOCS_END}"
+    if DOCS_BEGIN in doc:
+        doc = re.sub(re.escape(DOCS_BEGIN) + r".*?" + re.escape(DOCS_END), lambda _: block, doc, flags=re.S)
+    else:
+        doc += "\n## Side by side with llama.cpp (peer script)\n\n" + block + "\n"
+    path.write_text(doc)
+    log(f"updated {path}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["build", "latency", "serve", "all"])
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--tessera", type=Path, default=ROOT / "build" / "bin" / "tessera")
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-cpu.yaml",
+                    help="stack for the latency runs")
+    ap.add_argument("--serve-config", type=Path, default=ROOT / "configs" / "smollm2-cpu.yaml",
+                    help="stack `tessera serve` runs")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--out-tokens", type=int, default=128)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--json", type=Path, help="write the raw figures here")
+    ap.add_argument("--write-docs", action="store_true", help="replace the table in docs/benchmarks.md")
+    args = ap.parse_args()
+
+    build_peer(args.jobs)
+    if args.what == "build":
+        return 0
+    if not args.model.exists():
+        sys.exit(f"error: model {args.model} not found (run scripts/fetch-models.sh)")
+    if not args.tessera.exists():
+        sys.exit(f"error: {args.tessera} not found (run scripts/build.sh)")
+    lat = measure_latency(args) if args.what in ("latency", "all") else None
+    srv = measure_serving(args) if args.what in ("serve", "all") else None
+    text = table(lat, srv, args)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps({"latency": lat, "serving": srv}, indent=2))
+    if args.write_docs:
+        write_docs(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
