@@ -25,6 +25,7 @@
 #include "support/plugins.h"
 #include "support/test_env.h"
 #include "tessera/cpu_backend.h"
+#include "tessera/engine.h"
 #include "tessera/ggml_types.h"
 #include "tessera/gguf.h"
 #include "tessera/model.h"
@@ -676,6 +677,66 @@ TEST_CASE("GEMM path (cuBLAS, f16) and eager decode agree with the CPU logits on
     }
     MESSAGE("max |logit diff| " << worst << " of max |logit| " << scale);
     CHECK(worst < 2e-2 * scale);  // f16 activations and weights in the GEMM, CPU Q8 activations
+  }
+}
+
+TEST_CASE("engine with backend: cuda + attention: cuda-flash generates what the CPU engine generates") {
+  const auto dir = tessera::test::scratch_dir("cuda_engine");
+  SyntheticShape shape;
+  shape.layers = 6;
+  shape.vocab = 8192;
+  const std::string path = write_synthetic_model(dir, shape, GgmlType::Q8_0, 7);
+  using tessera::test::create_plugin;
+  auto make_engine = [&](bool gpu) {
+    tessera::EngineComponents c;
+    c.quantizer = create_plugin<tessera::Quantizer>("gguf", "{}");
+    c.backend = gpu ? create_plugin<tessera::Backend>("cuda", "{}") : create_plugin<tessera::Backend>("cpu", "{}");
+    c.attention = create_plugin<tessera::AttentionKernel>(gpu ? "cuda-flash" : "flash", "{}");
+    c.scheduler = create_plugin<tessera::Scheduler>("continuous", "{}");
+    c.kv_cache = create_plugin<tessera::KvCacheManager>("paged", "{block_size: 16, memory: 64MiB}");
+    c.sampler = create_plugin<tessera::Sampler>("standard", "{}");
+    c.model = tessera::Model::load(path, *c.quantizer);
+    c.max_context = 512;
+    return std::make_unique<tessera::Engine>(std::move(c));
+  };
+  auto generate = [](tessera::Engine& engine) {
+    std::vector<std::vector<tessera::TokenId>> out(3);
+    const std::vector<std::vector<tessera::TokenId>> prompts = {{1, 2, 3, 4, 5}, {100, 200, 300}, {7, 7, 7, 7, 7, 7, 7, 7, 9}};
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      tessera::GenerationRequest r;
+      r.prompt = prompts[i];
+      r.params.temperature = 0;
+      r.params.max_tokens = 20;
+      r.params.ignore_eos = true;
+      r.on_event = [&out, i](const tessera::GenerationEvent& ev) {
+        for (const auto& t : ev.tokens) out[i].push_back(t.token);
+        if (ev.finished) CHECK_MESSAGE(ev.error.is_ok(), ev.error.message());
+      };
+      uint64_t id = 0;
+      REQUIRE(engine.submit(std::move(r), &id).is_ok());
+    }
+    engine.run_until_idle();
+    return out;
+  };
+  auto cpu_engine = make_engine(false);
+  auto gpu_engine = make_engine(true);
+  CHECK(generate(*gpu_engine) == generate(*cpu_engine));
+
+  // A host attention kernel with the CUDA backend is refused with a message naming cuda-flash.
+  tessera::EngineComponents bad;
+  bad.quantizer = create_plugin<tessera::Quantizer>("gguf", "{}");
+  bad.backend = create_plugin<tessera::Backend>("cuda", "{}");
+  bad.attention = create_plugin<tessera::AttentionKernel>("flash", "{}");
+  bad.scheduler = create_plugin<tessera::Scheduler>("continuous", "{}");
+  bad.kv_cache = create_plugin<tessera::KvCacheManager>("paged", "{block_size: 16, memory: 64MiB}");
+  bad.sampler = create_plugin<tessera::Sampler>("standard", "{}");
+  bad.model = tessera::Model::load(path, *bad.quantizer);
+  bad.max_context = 512;
+  try {
+    tessera::Engine engine(std::move(bad));
+    FAIL("expected the engine to refuse a host attention kernel with backend cuda");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()).find("cuda-flash") != std::string::npos);
   }
 }
 

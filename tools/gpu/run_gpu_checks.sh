@@ -68,7 +68,7 @@ step configure 120 cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=R
   -DCMAKE_CUDA_ARCHITECTURES=90 -DTESSERA_BUILD_TESTS=ON
 built=0
 if step build 300 cmake --build "$BUILD" -j "$JOBS" --target cuda_kernels bench_cuda backend-cuda \
-     attention-cuda-flash attention-flash quantizer-gguf; then
+     attention-cuda-flash attention-flash quantizer-gguf scheduler-continuous kv_cache-paged sampler-standard; then
   built=1
 fi
 
