@@ -1,5 +1,7 @@
 #include "cuda_runner.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,6 +10,43 @@
 
 namespace tessera::cuda {
 namespace {
+
+// cuBLAS is loaded on first use rather than linked: the plugin is scanned by every process
+// that lists plugins, and binding libcublas/libcublasLt at dlopen costs about a second.
+struct CublasApi {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
+  // cublasGemmEx is overloaded in C++ (a legacy cudaDataType compute type): the C symbol's type.
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+
+const CublasApi& cublas() {
+  static const CublasApi api = [] {
+    void* lib = dlopen(TESSERA_CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen(TESSERA_CUBLAS_DIR "/" TESSERA_CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* err = dlerror();
+      throw std::runtime_error(std::string("backend cuda: cannot load cuBLAS (" TESSERA_CUBLAS_SONAME "): ") +
+                               (err ? err : "not found"));
+    }
+    CublasApi a;
+    auto sym = [&](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(dlsym(lib, name));
+      if (!*fn) throw std::runtime_error(std::string("backend cuda: cuBLAS lacks ") + name);
+    };
+    sym(&a.create, "cublasCreate_v2");
+    sym(&a.destroy, "cublasDestroy_v2");
+    sym(&a.set_stream, "cublasSetStream_v2");
+    sym(&a.set_workspace, "cublasSetWorkspace_v2");
+    sym(&a.gemm_ex, "cublasGemmEx");
+    return a;
+  }();
+  return api;
+}
 
 void check_cublas(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS)
@@ -162,12 +201,12 @@ CudaRunner::CudaRunner(std::shared_ptr<DeviceModel> model, const KvLayout& layou
   check(cudaSetDevice(device_), "cudaSetDevice");
   check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "device attributes");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  check_cublas(cublasCreate(&cublas_), "cublasCreate");
-  check_cublas(cublasSetStream(cublas_, stream_), "cublasSetStream");
+  check_cublas(cublas().create(&cublas_), "cublasCreate");
+  check_cublas(cublas().set_stream(cublas_, stream_), "cublasSetStream");
   // An explicit workspace: cuBLAS must not allocate while a graph is being captured.
   const size_t ws = 32ull << 20;
   check(cudaMalloc(&cublas_workspace_, ws), "cudaMalloc (cuBLAS workspace)");
-  check_cublas(cublasSetWorkspace(cublas_, cublas_workspace_, ws), "cublasSetWorkspace");
+  check_cublas(cublas().set_workspace(cublas_, cublas_workspace_, ws), "cublasSetWorkspace");
 
   const size_t elem = kv_dtype_size(layout_.dtype);
   layer_pool_bytes_ = static_cast<size_t>(layout_.num_blocks) * layout_.block_size * s.num_kv_heads *
@@ -226,7 +265,7 @@ CudaRunner::~CudaRunner() {
   if (host_staging_) cudaFreeHost(host_staging_);
   if (host_logits_) cudaFreeHost(host_logits_);
   if (host_tokens_) cudaFreeHost(host_tokens_);
-  if (cublas_) cublasDestroy(cublas_);
+  if (cublas_) cublas().destroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -301,7 +340,7 @@ void CudaRunner::matmul(const DeviceMatrix& w, const float* x, int64_t ntok, flo
   convert_f32(x, act16_, ntok * w.cols, bf16, stream_);
   const float one = 1.0f, zero = 0.0f;
   const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-  check_cublas(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), static_cast<int>(ntok),
+  check_cublas(cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), static_cast<int>(ntok),
                             static_cast<int>(w.cols), &one, w16, t, static_cast<int>(w.cols), act16_, t,
                             static_cast<int>(w.cols), &zero, y, CUDA_R_32F, static_cast<int>(w.rows),
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
