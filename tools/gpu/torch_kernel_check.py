@@ -18,11 +18,11 @@ import torch
 
 def load(d, meta, name):
     m = meta[name]
-    dt = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "bf16": np.uint16}[m["dtype"]]
+    dt = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "bf16": np.int16}[m["dtype"]]
     a = np.fromfile(f"{d}/{name}.bin", dtype=dt).reshape(m["shape"])
     t = torch.from_numpy(a.copy())
     if m["dtype"] == "bf16":
-        t = t.view(torch.bfloat16)  # same bits
+        t = t.view(torch.bfloat16)  # same 16 bits, reinterpreted
     return t.cuda()
 
 
