@@ -15,12 +15,12 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 BUILD=${1:-build}
 OUT=$ROOT/.gpu-prebuilt
-TARGETS=(cuda_kernels bench_cuda backend-cuda attention-cuda-flash attention-flash quantizer-gguf
+TARGETS=(cuda_kernels cuda_host bench_cuda backend-cuda attention-cuda-flash attention-flash quantizer-gguf
          scheduler-continuous kv_cache-paged sampler-standard)
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${TARGETS[@]}"
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/plugins"
-cp "$BUILD/tests/cuda/cuda_kernels" "$BUILD/bench/bench_cuda" "$OUT/bin/"
+cp "$BUILD/tests/cuda/cuda_kernels" "$BUILD/tests/cuda/cuda_host" "$BUILD/bench/bench_cuda" "$OUT/bin/"
 cp "$BUILD/lib/libtessera_core.so" "$OUT/lib/"
 for p in backend-cuda attention-cuda-flash attention-flash quantizer-gguf scheduler-continuous kv_cache-paged \
          sampler-standard; do

@@ -88,6 +88,7 @@ if [[ -d $PREBUILT && -z ${TESSERA_GPU_FORCE_BUILD:-} ]]; then
     echo "WARNING: .gpu-prebuilt was built from another commit than HEAD" | tee -a "$WORK/environment.log"
   fi
   BIN_TEST=$PREBUILT/bin/cuda_kernels
+  BIN_HOST=$PREBUILT/bin/cuda_host
   BIN_BENCH=$PREBUILT/bin/bench_cuda
   PLUGIN_DIR=$PREBUILT/plugins
   export LD_LIBRARY_PATH=$PREBUILT/lib:${CUDA_LIBS}:${LD_LIBRARY_PATH:-}
@@ -98,11 +99,12 @@ else
   command -v ninja > /dev/null && GEN=(-G Ninja)
   if step configure 120 cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
        -DCMAKE_CUDA_ARCHITECTURES=90 -DTESSERA_BUILD_TESTS=ON; then
-    step build 300 cmake --build "$BUILD" -j "$JOBS" --target cuda_kernels bench_cuda backend-cuda \
+    step build 300 cmake --build "$BUILD" -j "$JOBS" --target cuda_kernels cuda_host bench_cuda backend-cuda \
       attention-cuda-flash attention-flash quantizer-gguf scheduler-continuous kv_cache-paged sampler-standard \
       && built=1
   fi
   BIN_TEST=$BUILD/tests/cuda/cuda_kernels
+  BIN_HOST=$BUILD/tests/cuda/cuda_host
   BIN_BENCH=$BUILD/bench/bench_cuda
   PLUGIN_DIR=$BUILD/plugins
   export LD_LIBRARY_PATH=${CUDA_LIBS}:${LD_LIBRARY_PATH:-}
@@ -113,6 +115,8 @@ if (( built )); then
   # 2. kernels, runner and engine vs the CPU backend
   step test_cuda 150 env TESSERA_SOURCE_DIR="$ROOT" TESSERA_BUILD_DIR="$WORK/test-build" \
     TESSERA_PLUGIN_DIR="$PLUGIN_DIR" "$BIN_TEST" --duration=true
+  step test_cuda_host 30 env TESSERA_SOURCE_DIR="$ROOT" TESSERA_BUILD_DIR="$WORK/test-build" \
+    TESSERA_PLUGIN_DIR="$PLUGIN_DIR" "$BIN_HOST"
   # 3. kernels vs PyTorch
   rm -rf "$WORK/kernel_dumps" && mkdir -p "$WORK/kernel_dumps"
   if step dump_kernels 60 "$BIN_BENCH" --dump "$WORK/kernel_dumps"; then
