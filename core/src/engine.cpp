@@ -72,8 +72,18 @@ Engine::Engine(EngineComponents components) : components_(std::move(components))
                      c.scheduler->max_num_seqs()};
   Status st = c.kv_cache->configure(shape, &kv_layout_);
   if (!st.is_ok()) throw std::runtime_error(st.message());
-  runner_ = std::make_unique<ModelRunner>(*c.model, *c.backend, *c.quantizer, *c.attention,
-                                          kv_layout_, c.scheduler->max_batch_tokens());
+  // A device backend may run the whole forward itself (tessera/sdk/forward.h); otherwise the
+  // core runner drives the backend's kernels and the quantizer's matmuls.
+  if (auto* provider = dynamic_cast<ForwardRunnerProvider*>(c.backend.get())) {
+    st = provider->create_forward_runner(c.model->forward_view(), kv_layout_,
+                                         c.scheduler->max_batch_tokens(), max_context_,
+                                         *c.attention, &runner_);
+    if (!st.is_ok() && st.code() != StatusCode::kUnimplemented)
+      throw std::runtime_error("engine.backend: " + st.message());
+  }
+  if (!runner_)
+    runner_ = std::make_unique<ModelRunner>(*c.model, *c.backend, *c.quantizer, *c.attention,
+                                            kv_layout_, c.scheduler->max_batch_tokens());
 }
 
 Engine::~Engine() { stop(); }

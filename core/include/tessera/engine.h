@@ -140,7 +140,7 @@ class Engine {
   EngineComponents components_;
   int32_t max_context_ = 0;
   KvLayout kv_layout_;
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<ForwardRunner> runner_;  // the backend's, or the core ModelRunner
 
   // Owned state, touched only on the engine thread.
   std::map<SeqId, std::unique_ptr<Sequence>> sequences_;

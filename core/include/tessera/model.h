@@ -10,6 +10,7 @@
 
 #include "tessera/gguf.h"
 #include "tessera/sdk/backend.h"
+#include "tessera/sdk/forward.h"
 #include "tessera/sdk/quantizer.h"
 #include "tessera/tokenizer.h"
 
@@ -60,6 +61,9 @@ class Model {
   const std::vector<float>& output_norm() const { return output_norm_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   size_t weight_bytes() const { return weight_bytes_; }
+  // The model as plain SDK data (raw GGUF weights, norms), for device runners
+  // (ForwardRunnerProvider). Points into this model; valid while it lives.
+  ForwardModelView forward_view() const;
 
  private:
   Model() = default;

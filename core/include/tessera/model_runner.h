@@ -10,36 +10,32 @@
 #include "tessera/model.h"
 #include "tessera/sdk/attention.h"
 #include "tessera/sdk/backend.h"
+#include "tessera/sdk/forward.h"
 #include "tessera/sdk/kv_cache.h"
 #include "tessera/sdk/quantizer.h"
 
 namespace tessera {
 
-struct RunnerSequence {
-  const TokenId* tokens = nullptr;    // the tokens fed this step
-  int32_t num_tokens = 0;
-  int32_t start_position = 0;         // position of tokens[0] (= tokens already in the cache)
-  std::span<const int32_t> block_table;
-  int32_t num_logit_rows = 0;         // the last N fed tokens need logits (0: none)
-};
+// The SDK type (tessera/sdk/forward.h), so device runners take the same batches.
+using RunnerSequence = ForwardSequence;
 
-class ModelRunner {
+class ModelRunner final : public ForwardRunner {
  public:
   // Allocates the KV pool described by `layout` and scratch for `max_batch_tokens` rows.
   ModelRunner(const Model& model, Backend& backend, Quantizer& quantizer,
               AttentionKernel& attention, const KvLayout& layout, int32_t max_batch_tokens);
-  ~ModelRunner();
+  ~ModelRunner() override;
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
   // Writes [sum of num_logit_rows][vocab_size] logits in batch order into *logits (resized
   // only when it grows).
-  Status forward(std::span<const RunnerSequence> sequences, std::vector<float>* logits);
+  Status forward(std::span<const RunnerSequence> sequences, std::vector<float>* logits) override;
   // Copies whole blocks (all layers, K and V): copy-on-write after forks.
-  void copy_blocks(std::span<const BlockCopy> copies);
+  void copy_blocks(std::span<const BlockCopy> copies) override;
 
-  int32_t vocab_size() const { return model_.hparams().vocab_size; }
-  size_t kv_pool_bytes() const { return kv_pool_bytes_; }
+  int32_t vocab_size() const override { return model_.hparams().vocab_size; }
+  size_t kv_pool_bytes() const override { return kv_pool_bytes_; }
   const KvLayout& kv_layout() const { return layout_; }
 
  private:

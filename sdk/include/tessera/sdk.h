@@ -7,6 +7,7 @@
 #include "tessera/sdk/cache_layer.h"
 #include "tessera/sdk/drafter.h"
 #include "tessera/sdk/executor.h"
+#include "tessera/sdk/forward.h"
 #include "tessera/sdk/kv_cache.h"
 #include "tessera/sdk/logger.h"
 #include "tessera/sdk/params.h"
