@@ -266,9 +266,10 @@ void run_ab(const AbOptions& opt) {
     const double p = mann_whitney_p(a, b);
     // A verdict only when every round of one side beats every round of the other (the
     // ranges do not overlap); otherwise the difference is within the noise of this run.
-    std::string verdict = "no significant difference";
+    // One round has no spread to compare against: no verdict at all.
+    std::string verdict = opt.rounds < 2 ? "no verdict (1 round)" : "no significant difference";
     const bool a_higher = sa.min > sb.max, b_higher = sb.min > sa.max;
-    if (a_higher || b_higher) {
+    if (opt.rounds >= 2 && (a_higher || b_higher)) {
       const bool a_better = a_higher == higher_is_better(name);
       verdict = std::string(a_better ? "A better" : "B better") + " (" + fmt(ratio, 2) + "x)";
     }
