@@ -124,8 +124,9 @@ nlohmann::json run_json(const RunResult& r, bool with_requests);
 // Bytes of one token slot of the KV cache (all layers, K and V) of a stack.
 double kv_slot_bytes(const StackConfig& config, const Model& model);
 
-// Whether a larger value of the metric is better (tokens/s) or worse (latencies).
-bool higher_is_better(const std::string& metric);
+// +1 when a larger value of the metric is better (tokens/s, sequences in flight), -1 when
+// worse (latencies, waste, preemptions), 0 when it only describes the run (counts, sizes).
+int metric_direction(const std::string& metric);
 
 // ---- reports ----------------------------------------------------------------------------
 

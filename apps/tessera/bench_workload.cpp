@@ -313,9 +313,12 @@ RunResult run_workload(Engine& engine, const Workload& w, double slot_bytes, con
   return result;
 }
 
-bool higher_is_better(const std::string& metric) {
-  return metric.find("per_s") != std::string::npos || metric.find("running") != std::string::npos ||
-         metric.find("hit_rate") != std::string::npos;
+int metric_direction(const std::string& metric) {
+  auto has = [&metric](const char* part) { return metric.find(part) != std::string::npos; };
+  if (has("per_s") || has("running") || has("hit_rate") || has("cached_prompt_tokens")) return 1;
+  if (has("_ms") || has("waste") || has("preemptions") || has("makespan") || has("bytes_reserved"))
+    return -1;
+  return 0;  // requests, output_tokens, kv_blocks_total, kv_pool_mib, peak_kv_blocks_used
 }
 
 nlohmann::json run_metrics(const RunResult& r) {

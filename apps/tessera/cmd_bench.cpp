@@ -269,17 +269,23 @@ void run_ab(const AbOptions& opt) {
     // One round has no spread to compare against: no verdict at all.
     std::string verdict = opt.rounds < 2 ? "no verdict (1 round)" : "no significant difference";
     const bool a_higher = sa.min > sb.max, b_higher = sb.min > sa.max;
+    const int direction = metric_direction(name);
     if (opt.rounds >= 2 && (a_higher || b_higher)) {
-      const bool a_better = a_higher == higher_is_better(name);
-      verdict = std::string(a_better ? "A better" : "B better") + " (" + fmt(ratio, 2) + "x)";
+      const bool a_better = a_higher == (direction > 0);
+      verdict = direction == 0 ? std::string(a_higher ? "A higher" : "B higher")
+                               : std::string(a_better ? "A better" : "B better");
+      if (sb.p50 != 0) verdict += " (" + fmt(ratio, 2) + "x)";
     }
+    // No ratio against a zero (e.g. prefix hits of a stack without prefix caching).
+    const nlohmann::json ratio_json = sb.p50 != 0 ? nlohmann::json(ratio) : nlohmann::json(nullptr);
     j["metrics"][name] = {{"a", summary_json(sa)}, {"b", summary_json(sb)}, {"a_rounds", a}, {"b_rounds", b},
-                          {"ratio_a_over_b", ratio}, {"ratio_rounds", summary_json(sr)},
-                          {"mann_whitney_p", p}, {"higher_is_better", higher_is_better(name)},
+                          {"ratio_a_over_b", ratio_json}, {"ratio_rounds", summary_json(sr)},
+                          {"mann_whitney_p", p}, {"direction", direction},
                           {"verdict", verdict}};
     if (!shown_in_ab_table(name)) continue;
     rows.push_back({name, fmt(sa.p50, 3) + " [" + fmt(sa.min, 3) + ", " + fmt(sa.max, 3) + "]",
-                    fmt(sb.p50, 3) + " [" + fmt(sb.min, 3) + ", " + fmt(sb.max, 3) + "]", fmt(ratio, 3),
+                    fmt(sb.p50, 3) + " [" + fmt(sb.min, 3) + ", " + fmt(sb.max, 3) + "]",
+                    sb.p50 != 0 ? fmt(ratio, 3) : "-",
                     "[" + fmt(sr.min, 3) + ", " + fmt(sr.max, 3) + "]", fmt(p, 3), verdict});
     if (sb.p50 != 0) bars.push_back({name, ratio, sr.min, sr.max});
   }

@@ -100,13 +100,17 @@ assert j["rounds"] == 2
 m = j["metrics"]
 ot = m["output_tokens"]
 assert ot["a_rounds"] == [28, 28] and ot["b_rounds"] == [28, 28]
-assert ot["verdict"] == "no significant difference"
+assert ot["verdict"] == "no significant difference" and ot["direction"] == 0
+assert m["output_tokens_per_s"]["direction"] == 1 and m["itl_p99_ms"]["direction"] == -1
 for name, x in m.items():
     a, b = x["a"], x["b"]
     assert len(x["a_rounds"]) == 2 and len(x["b_rounds"]) == 2
     assert a["min"] <= a["p50"] <= a["max"] and b["min"] <= b["p50"] <= b["max"]
     if b["p50"] != 0:
         assert abs(x["ratio_a_over_b"] - a["p50"] / b["p50"]) < 1e-9 * max(1, abs(x["ratio_a_over_b"])), name
+    else:
+        assert x["ratio_a_over_b"] is None, name
+    assert x["direction"] in (-1, 0, 1)
     assert 0 <= x["mann_whitney_p"] <= 1
     separated = a["min"] > b["max"] or b["min"] > a["max"]
     assert (x["verdict"] != "no significant difference") == separated, (name, x)
