@@ -105,8 +105,7 @@ struct RunResult {
   int32_t peak_kv_blocks_used = 0;
   int32_t kv_blocks_total = 0;
   int64_t peak_slots_reserved = 0;
-  double kv_slot_bytes = 0;
-  double kv_pool_bytes = 0;
+  double kv_block_bytes = 0;
   double mean_kv_waste = 0;   // over steps with sequences live: 1 - filled / reserved slots
   uint64_t steps = 0, preemptions = 0;
   int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
@@ -115,14 +114,17 @@ struct RunResult {
 using ProgressFn = std::function<void(size_t done, size_t total)>;
 // Submits each request at its arrival time to an engine running its own step loop (the way
 // a server drives it), and samples EngineStats after every step.
-RunResult run_workload(Engine& engine, const Workload& w, double kv_slot_bytes,
+// `kv_block_bytes`: bytes of one KV block of the stack (see kv_block_bytes()).
+RunResult run_workload(Engine& engine, const Workload& w, double kv_block_bytes,
                        const ProgressFn& progress);
 // Flat name -> value metrics of a run (throughput, latency percentiles, memory), the unit
 // that `ab` compares. Per-tag latency metrics are named "<tag>.itl_p99_ms" etc.
 nlohmann::json run_metrics(const RunResult& r);
 nlohmann::json run_json(const RunResult& r, bool with_requests);
-// Bytes of one token slot of the KV cache (all layers, K and V) of a stack.
-double kv_slot_bytes(const StackConfig& config, const Model& model);
+// Bytes of one KV block of a stack: token slots per block (the paged cache's block_size;
+// a contiguous region holds the whole context) times the bytes of a slot (all layers, K and
+// V, in the configured dtype).
+double kv_block_bytes(const StackConfig& config, const Engine& engine);
 
 // +1 when a larger value of the metric is better (tokens/s, sequences in flight), -1 when
 // worse (latencies, waste, preemptions), 0 when it only describes the run (counts, sizes).

@@ -190,17 +190,21 @@ Workload make_workload(const WorkloadSpec& spec, const Tokenizer& tok) {
 
 // ---- running ----------------------------------------------------------------------------
 
-double kv_slot_bytes(const StackConfig& config, const Model& model) {
-  const auto& h = model.hparams();
+double kv_block_bytes(const StackConfig& config, const Engine& engine) {
+  const auto& h = engine.model().hparams();
   double elem = 2;
+  int64_t slots = engine.max_context();
   auto it = config.engine.find(PluginKind::kKvCache);
-  if (it != config.engine.end() && it->second.config.get_string("dtype", "f16") == "f32") elem = 4;
-  return static_cast<double>(h.num_layers) * 2.0 * h.num_kv_heads * h.head_dim * elem;
+  if (it != config.engine.end()) {
+    if (it->second.config.get_string("dtype", "f16") == "f32") elem = 4;
+    slots = it->second.config.get_int("block_size", slots);
+  }
+  return static_cast<double>(slots) * h.num_layers * 2.0 * h.num_kv_heads * h.head_dim * elem;
 }
 
-RunResult run_workload(Engine& engine, const Workload& w, double slot_bytes, const ProgressFn& progress) {
+RunResult run_workload(Engine& engine, const Workload& w, double block_bytes, const ProgressFn& progress) {
   RunResult result;
-  result.kv_slot_bytes = slot_bytes;
+  result.kv_block_bytes = block_bytes;
   result.requests.resize(w.size());
   std::atomic<size_t> num_done{0};
   std::mutex records_mutex;  // records are written on the engine thread, read here at the end
@@ -306,19 +310,15 @@ RunResult run_workload(Engine& engine, const Workload& w, double slot_bytes, con
   result.kv_blocks_total = s.kv.num_blocks;
   result.prefix_hit_tokens = s.kv.prefix_hit_tokens;
   result.prefix_query_tokens = s.kv.prefix_query_tokens;
-  // Slots per block: contiguous regions hold max_context slots, pages block_size.
-  if (result.peak_kv_blocks_used > 0 && result.peak_slots_reserved > 0)
-    result.kv_pool_bytes = static_cast<double>(result.peak_slots_reserved) / result.peak_kv_blocks_used *
-                           result.kv_blocks_total * slot_bytes;
   return result;
 }
 
 int metric_direction(const std::string& metric) {
   auto has = [&metric](const char* part) { return metric.find(part) != std::string::npos; };
   if (has("per_s") || has("running") || has("hit_rate") || has("cached_prompt_tokens")) return 1;
-  if (has("_ms") || has("waste") || has("preemptions") || has("makespan") || has("bytes_reserved"))
+  if (has("_ms") || has("waste") || has("preemptions") || has("makespan"))
     return -1;
-  return 0;  // requests, output_tokens, kv_blocks_total, kv_pool_mib, peak_kv_blocks_used
+  return 0;  // requests, output_tokens, kv_blocks_total, kv_pool_mib, peak_kv_used_mib
 }
 
 nlohmann::json run_metrics(const RunResult& r) {
@@ -360,8 +360,9 @@ nlohmann::json run_metrics(const RunResult& r) {
   m["mean_running"] = r.mean_running;
   m["peak_kv_blocks_used"] = r.peak_kv_blocks_used;
   m["kv_blocks_total"] = r.kv_blocks_total;
-  m["peak_kv_bytes_reserved_mib"] = r.peak_slots_reserved * r.kv_slot_bytes / 1048576.0;
-  m["kv_pool_mib"] = r.kv_pool_bytes / 1048576.0;
+  // Blocks referenced by live sequences (a shared prefix block counts once) vs the pool.
+  m["peak_kv_used_mib"] = r.peak_kv_blocks_used * r.kv_block_bytes / 1048576.0;
+  m["kv_pool_mib"] = r.kv_blocks_total * r.kv_block_bytes / 1048576.0;
   m["mean_kv_waste"] = r.mean_kv_waste;
   m["preemptions"] = r.preemptions;
   m["prefix_hit_rate"] = r.prefix_query_tokens > 0

@@ -165,8 +165,8 @@ struct OfflineOptions {
 };
 
 RunResult run_once(LoadedStack& stack, const Workload& w, const char* label) {
-  const double slot = kv_slot_bytes(stack.config, stack.engine->model());
-  return run_workload(*stack.engine, w, slot, [label](size_t d, size_t t) { print_progress(label, d, t); });
+  const double block = kv_block_bytes(stack.config, *stack.engine);
+  return run_workload(*stack.engine, w, block, [label](size_t d, size_t t) { print_progress(label, d, t); });
 }
 
 std::vector<std::vector<std::string>> metric_rows(const nlohmann::json& m) {
@@ -223,7 +223,7 @@ struct AbOptions {
 bool shown_in_ab_table(const std::string& k) {
   static const char* kShown[] = {"output_tokens_per_s", "requests_per_s", "ttft_p50_ms", "ttft_p99_ms",
                                  "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms", "peak_running", "mean_running",
-                                 "mean_kv_waste", "peak_kv_bytes_reserved_mib", "prefix_hit_rate", "preemptions"};
+                                 "mean_kv_waste", "peak_kv_used_mib", "kv_pool_mib", "prefix_hit_rate", "preemptions"};
   const auto dot = k.find('.');
   const std::string base = dot == std::string::npos ? k : k.substr(dot + 1);
   if (dot != std::string::npos) return base == "ttft_p50_ms" || base == "itl_p99_ms" || base == "tpot_p50_ms";

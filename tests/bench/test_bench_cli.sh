@@ -86,6 +86,9 @@ for p in ("ttft", "tpot", "itl", "late.ttft", "late.itl"):
 assert abs(m["output_tokens_per_s"] - m["output_tokens"] / m["makespan_s"]) < 1e-6
 assert 1 <= m["peak_running"] <= 8 and 0 < m["mean_running"] <= m["peak_running"]
 assert 0 <= m["mean_kv_waste"] < 1 and m["peak_kv_blocks_used"] <= m["kv_blocks_total"]
+# batching-continuous.yaml: 256 MiB of 16-token f16 pages (22.5 KiB a slot for SmolLM2-135M).
+assert abs(m["kv_pool_mib"] - m["kv_blocks_total"] * 16 * 23040 / 2**20) < 1e-6 and m["kv_pool_mib"] <= 256
+assert abs(m["peak_kv_used_mib"] / m["kv_pool_mib"] - m["peak_kv_blocks_used"] / m["kv_blocks_total"]) < 1e-9
 assert "<svg" in open("offline.html").read()
 print("ok offline")
 PY
