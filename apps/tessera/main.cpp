@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_tokenize_command(app);
   tessera::cli::add_plugins_command(app);
   tessera::cli::add_config_command(app);
+  tessera::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
