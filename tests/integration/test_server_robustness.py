@@ -217,7 +217,7 @@ class Robustness(unittest.TestCase):
 
         t = threading.Thread(target=long_request)
         t.start()
-        time.sleep(0.5)
+        self.assertTrue(SERVER.wait_for_metric("tessera_requests_in_flight", 1), "the request never arrived")
         rc = SERVER.stop()
         t.join(timeout=60)
         self.assertEqual(rc, 0, "".join(SERVER.stderr_lines[-10:]))

@@ -249,6 +249,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       res = make_error_response(http::status::bad_request, "malformed HTTP request: " + ec.message(),
                                 "invalid_request_error");
     if (!res) return close();
+    std::string target;
+    if (parser_ && parser_->is_header_done()) target = std::string(parser_->get().target());
+    server_.handler_.on_protocol_error(target, static_cast<int>(res->result_int()));
     disarm_deadline();
     phase_ = Phase::kHandling;
     ++request_serial_;

@@ -17,6 +17,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "tessera/config.h"
 
@@ -48,6 +49,12 @@ class HttpHandler {
  public:
   virtual ~HttpHandler() = default;
   virtual void handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) = 0;
+  // A request the HTTP layer answered itself (413, 431, 400 for malformed HTTP), for metrics.
+  // `target` is empty when the request line was not read.
+  virtual void on_protocol_error(std::string_view target, int status) {
+    (void)target;
+    (void)status;
+  }
 };
 
 class HttpSession;

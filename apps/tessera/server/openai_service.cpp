@@ -402,16 +402,23 @@ json OpenAiService::model_card() const {
           {"max_model_len", engine_.max_context()}};
 }
 
-void OpenAiService::handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) {
-  std::string path(request.target());
-  if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
+std::string OpenAiService::endpoint_label(std::string_view target) {
+  std::string_view path = target.substr(0, target.find('?'));
   // Metric labels only for known routes: arbitrary paths must not grow the label set.
   static const char* kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"};
-  std::string endpoint = "other";
   for (const char* r : kRoutes)
-    if (path == r) endpoint = r;
-  if (path.rfind("/v1/models/", 0) == 0) endpoint = "/v1/models";
+    if (path == r) return r;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
+  return "other";
+}
+
+void OpenAiService::handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) {
+  const std::string endpoint = endpoint_label(std::string_view(request.target().data(), request.target().size()));
   route(request, channel, endpoint);
+}
+
+void OpenAiService::on_protocol_error(std::string_view target, int status) {
+  metrics_.count_request(endpoint_label(target), status);
 }
 
 void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<ResponseChannel>& channel,

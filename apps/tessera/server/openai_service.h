@@ -29,6 +29,7 @@ class OpenAiService : public HttpHandler {
   ~OpenAiService() override;
 
   void handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) override;
+  void on_protocol_error(std::string_view target, int status) override;
 
   // Shutdown: new generation requests get 503 from now on.
   void begin_shutdown() { draining_ = true; }
@@ -52,6 +53,7 @@ class OpenAiService : public HttpHandler {
   void handle_generation(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
                          const std::string& endpoint, bool chat);
   nlohmann::json model_card() const;
+  static std::string endpoint_label(std::string_view target);
 
   Engine& engine_;
   const ServerConfig& config_;
