@@ -87,6 +87,19 @@ class Completions(unittest.TestCase):
         self.assertNotIn(stop, "".join(c.choices[0].text for c in streamed))
         self.assertEqual(streamed[-1].choices[0].finish_reason, "stop")
 
+    def test_characters_split_across_tokens_stream_whole(self):
+        # Byte-level BPE spells each of these emoji with several tokens.
+        kw = dict(model=MODEL, prompt="Emoji list: \U0001F600 \U0001F389 \U0001F40D \U0001F355 \U0001F680",
+                  max_tokens=15, temperature=0)
+        whole = client().completions.create(**kw).choices[0].text
+        pieces = [c.choices[0].text for c in client().completions.create(stream=True, **kw)]
+        self.assertEqual("".join(pieces), whole)
+        self.assertTrue(any(ord(ch) > 0xFFFF for ch in whole), whole)
+        self.assertGreater(sum(1 for p in pieces if p), 1)
+        # Only the last piece may end in a character that max_tokens cut short.
+        for p in pieces[:-1]:
+            self.assertNotIn("\ufffd", p)
+
     def test_n_samples_are_independent_and_indexed(self):
         r = client().completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=1.0,
                                         n=3, seed=11)

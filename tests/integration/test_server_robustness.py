@@ -111,10 +111,12 @@ class Robustness(unittest.TestCase):
         self.assertNotIn("other-key", log)
         self.assert_server_healthy()
 
-    def test_07_body_over_the_limit(self):
+    def test_07_body_or_headers_over_the_limit(self):
         big = completion(prompt="word " * 2000)
         r = post("/v1/completions", big)
         self.assert_error(r, 413)
+        r = post("/v1/completions", completion(), headers={**AUTH, "X-Padding": "p" * 20000})
+        self.assert_error(r, 431)
         self.assert_server_healthy()
 
     def test_08_slow_headers_do_not_block_others_and_time_out(self):
@@ -205,7 +207,7 @@ class Robustness(unittest.TestCase):
         for name in ("tessera_time_to_first_token_seconds_bucket", "tessera_time_per_output_token_seconds_count",
                      "tessera_inter_token_latency_seconds_sum", "tessera_queue_time_seconds_count",
                      "tessera_prefix_cache_hit_rate", "tessera_engine_preemptions_total",
-                     "tessera_engine_batch_size", 'status="429"', 'status="413"', 'status="401"'):
+                     "tessera_engine_batch_size", 'status="429"', 'status="413"', 'status="431"', 'status="401"'):
             self.assertIn(name, text)
         self.assertEqual(SERVER.metric("tessera_requests_in_flight"), 0)
 

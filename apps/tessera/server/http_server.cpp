@@ -118,7 +118,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   uint64_t serial() const { return request_serial_; }
 
  private:
-  enum class Phase { kIdle, kHeader, kBody, kHandling };
+  enum class Phase { kIdle, kHeader, kBody, kHandling, kClosing };
 
   // Each arming gets a number, so a wait that completed just before being re-armed (its
   // handler already queued) cannot close the connection under the new deadline.
@@ -168,6 +168,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       // EOF, reset, or the socket closed by a deadline.
       close();
       return;
+    }
+    if (phase_ == Phase::kClosing) {
+      buffer_.consume(buffer_.size());
+      return post_read_some();
     }
     if (phase_ == Phase::kIdle) read_header();
     // In the handling phase the bytes wait in buffer_ for the next request.
@@ -282,7 +286,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (!outbox_.empty()) return write_next();
     disarm_deadline();
     if (!response_done_) return;  // a stream waiting for its next chunk
-    if (!keep_alive_ || draining_) return close();
+    if (!keep_alive_ || draining_) return linger_close();
     phase_ = Phase::kIdle;
     if (read_posted_) {
       // The disconnect watch becomes the wait for the next request.
@@ -290,6 +294,18 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       return;
     }
     wait_for_request();
+  }
+
+  // Closing right away with unread request bytes makes the kernel reset the connection, and
+  // the client may lose the answer it has not read yet (a 413 sent mid-body). So: stop
+  // sending, read and drop what the client still sends until it closes or 2 s pass.
+  void linger_close() {
+    phase_ = Phase::kClosing;
+    error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return close();
+    arm_deadline(2.0);
+    if (!read_posted_) post_read_some();
   }
 
   void notify_disconnect() {

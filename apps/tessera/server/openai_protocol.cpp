@@ -102,7 +102,7 @@ class Reader {
   ApiError* error_;
 };
 
-bool parse_stop(Reader& r, const json& body, std::vector<std::string>* stops) {
+bool parse_stop(Reader& r, std::vector<std::string>* stops) {
   const json* v = r.find("stop");
   if (!v) return true;
   if (v->is_string()) {
@@ -119,7 +119,6 @@ bool parse_stop(Reader& r, const json& body, std::vector<std::string>* stops) {
       return r.fail("stop", "expected a list of strings, item " + std::to_string(i) + " is " + describe(s));
     if (!s.get<std::string>().empty()) stops->push_back(s.get<std::string>());
   }
-  (void)body;
   return true;
 }
 
@@ -209,7 +208,7 @@ bool parse_messages(Reader& r, GenerationSpec* spec) {
 
 // Known fields this server does not implement: refusing them beats ignoring what the client
 // explicitly asked for.
-bool reject_unsupported(Reader& r, const json& body, ApiKind kind, int32_t n) {
+bool reject_unsupported(Reader& r, ApiKind kind, int32_t n) {
   if (const json* v = r.find("logit_bias"); v && !(v->is_object() && v->empty()))
     return r.fail("logit_bias", "is not supported");
   if (const json* v = r.find("tools"); v && !(v->is_array() && v->empty())) return r.fail("tools", "is not supported");
@@ -226,7 +225,6 @@ bool reject_unsupported(Reader& r, const json& body, ApiKind kind, int32_t n) {
     if (const json* v = r.find("best_of"); v && !(v->is_number_integer() && v->get<int64_t>() == n))
       return r.fail("best_of", "is not supported (other than equal to n)");
   }
-  (void)body;
   return true;
 }
 
@@ -279,7 +277,7 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
   }
   if (!r.integer("n", 1, kMaxN, &i, &(given = false))) return std::nullopt;
   if (given) spec.n = static_cast<int32_t>(i);
-  if (!parse_stop(r, body, &spec.stop)) return std::nullopt;
+  if (!parse_stop(r, &spec.stop)) return std::nullopt;
   if (!r.boolean("stream", &spec.stream)) return std::nullopt;
   if (!r.boolean("ignore_eos", &spec.params.ignore_eos)) return std::nullopt;
   if (const json* so = r.find("stream_options")) {
@@ -312,7 +310,7 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
     }
   }
   spec.params.num_logprobs = spec.top_logprobs;
-  if (!reject_unsupported(r, body, kind, spec.n)) return std::nullopt;
+  if (!reject_unsupported(r, kind, spec.n)) return std::nullopt;
   return spec;
 }
 

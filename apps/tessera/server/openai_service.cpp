@@ -37,11 +37,13 @@ std::string random_id(const char* prefix) {
   return buf;
 }
 
-// Compares without an early exit, so response timing does not reveal how much of a key matched.
+// Compares without an early exit, so response timing does not reveal how much of a key
+// matched (only whether the length did).
 bool constant_time_equal(std::string_view a, std::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % (b.size() ? b.size() : 1)]);
-  return diff == 0 && !b.empty();
+  if (a.size() != b.size() || a.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
 }
 
 const char* finish_reason_text(FinishReason r) {
