@@ -22,3 +22,21 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# Python packages the server tests and bench/load_test.py use (pinned): the official OpenAI
+# client and httpx. Installed only when missing or at another version.
+python_packages=(openai==2.8.1 httpx==0.28.1)
+if ! python3 - "${python_packages[@]}" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+for spec in sys.argv[1:]:
+    name, want = spec.split("==")
+    if version(name) != want:
+        sys.exit(1)
+PY
+then
+  echo "install-deps: installing ${python_packages[*]} with pip"
+  # Debian's own python3 is "externally managed" (PEP 668): pip needs to be told explicitly.
+  python3 -m pip install --quiet "${python_packages[@]}" 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "${python_packages[@]}"
+fi

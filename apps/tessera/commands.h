@@ -14,6 +14,7 @@ class CommandError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+void add_serve_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);

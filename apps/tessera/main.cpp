@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
   // Logs go to stderr: stdout carries results (token ids, JSON lines).
   spdlog::set_default_logger(spdlog::stderr_color_mt("tessera"));
+  tessera::cli::add_serve_command(app);
   tessera::cli::add_generate_command(app);
   tessera::cli::add_chat_command(app);
   tessera::cli::add_tokenize_command(app);

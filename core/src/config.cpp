@@ -937,13 +937,35 @@ class StackValidator {
 
   void validate_server(const TreeEntry& entry, ServerConfig* server) {
     const Tree& map = entry.value;
-    if (!check_keys(map, "server", {"host", "port", "api_keys"})) return;
+    if (!check_keys(map, "server",
+                    {"host", "port", "api_keys", "max_body_size", "max_header_size", "header_timeout",
+                     "read_timeout", "idle_timeout", "write_timeout", "max_queued_requests",
+                     "shutdown_timeout"}))
+      return;
     static const ParamSpec kHost{"host", ParamType::kString, "127.0.0.1", ""};
-    static const ParamSpec kPort{"port", ParamType::kInt, "8080", "", 1, 65535};
+    static const ParamSpec kPort{"port", ParamType::kInt, "8080", "", 0, 65535};
     static const ParamSpec kKeys{"api_keys", ParamType::kStringList, "[]", ""};
+    static const ParamSpec kMaxBody{"max_body_size", ParamType::kBytes, "1MiB", "", 1024, 1 << 30};
+    static const ParamSpec kMaxHeader{"max_header_size", ParamType::kBytes, "16KiB", "", 1024, 1 << 20};
+    static const ParamSpec kHeaderTimeout{"header_timeout", ParamType::kDuration, "10s", "", 0.01, 3600};
+    static const ParamSpec kReadTimeout{"read_timeout", ParamType::kDuration, "30s", "", 0.01, 3600};
+    static const ParamSpec kIdleTimeout{"idle_timeout", ParamType::kDuration, "60s", "", 0.01, 86400};
+    static const ParamSpec kWriteTimeout{"write_timeout", ParamType::kDuration, "30s", "", 0.01, 3600};
+    static const ParamSpec kMaxQueued{"max_queued_requests", ParamType::kInt, "256", "", 1, 1 << 20};
+    static const ParamSpec kShutdown{"shutdown_timeout", ParamType::kDuration, "10s", "", 0, 3600};
     field(entry, "server", kHost, &server->host);
     field(entry, "server", kPort, &server->port);
     field(entry, "server", kKeys, &server->api_keys);
+    field(entry, "server", kMaxBody, &server->max_body_bytes);
+    field(entry, "server", kMaxHeader, &server->max_header_bytes);
+    field(entry, "server", kHeaderTimeout, &server->header_timeout);
+    field(entry, "server", kReadTimeout, &server->read_timeout);
+    field(entry, "server", kIdleTimeout, &server->idle_timeout);
+    field(entry, "server", kWriteTimeout, &server->write_timeout);
+    field(entry, "server", kMaxQueued, &server->max_queued_requests);
+    field(entry, "server", kShutdown, &server->shutdown_timeout);
+    for (const std::string& key : server->api_keys)
+      if (key.empty()) issues_.add(entry.value.find("api_keys")->value, "server.api_keys", "an API key must not be empty");
   }
 
   PluginRegistry& registry_;

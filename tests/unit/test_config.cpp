@@ -456,7 +456,8 @@ server: {host: localhost, prot: 80}
   CHECK(has_issue(issues, f + ":9:3: gateway: unknown key 'routers'; did you mean 'router'? "
                               "expected one of: cache, router"));
   CHECK(has_issue(issues, f + ":10:27: server: unknown key 'prot'; did you mean 'port'? "
-                              "expected one of: host, port, api_keys"));
+                              "expected one of: host, port, api_keys, max_body_size, max_header_size, header_timeout, "
+                              "read_timeout, idle_timeout, write_timeout, max_queued_requests, shutdown_timeout"));
   CHECK(issues.size() == 8);
 }
 
@@ -506,7 +507,7 @@ server: {port: 70000, api_keys: key}
                               "mapping"));
   CHECK(has_issue(issues, f + ":10:3: gateway.router: missing required parameter 'routes' (a "
                               "mapping of strings to strings)"));
-  CHECK(has_issue(issues, f + ":11:16: server.port: expected an integer in [1, 65535], got 70000"));
+  CHECK(has_issue(issues, f + ":11:16: server.port: expected an integer in [0, 65535], got 70000"));
   CHECK(has_issue(issues, f + ":11:33: server.api_keys: expected a list of strings, got \"key\""));
   CHECK(issues.size() == 17);
 }
@@ -712,4 +713,36 @@ TEST_CASE("model paths: cache dir, aliases, paths relative to the config file") 
   const char* home = std::getenv("HOME");
   if (home && *home)
     CHECK(model_cache_dir() == (fs::path(home) / ".cache" / "tessera" / "models").string());
+}
+
+TEST_CASE("server: limits, timeouts and queue size are typed, and mistakes name the key") {
+  auto dir = test::scratch_dir("config-server");
+  auto registry = make_registry();
+  auto file = write_file(dir / "server.yaml",
+                         "model: {path: m.gguf}\n"
+                         "server: {port: 0, max_body_size: 64KiB, header_timeout: 1500ms, idle_timeout: 2m,\n"
+                         "         max_queued_requests: 3, shutdown_timeout: 0}\n");
+  StackConfig config = load_stack_config(file.string(), *registry);
+  CHECK(config.server.port == 0);
+  CHECK(config.server.max_body_bytes == 64 << 10);
+  CHECK(config.server.max_header_bytes == 16 << 10);
+  CHECK(config.server.header_timeout == doctest::Approx(1.5));
+  CHECK(config.server.idle_timeout == doctest::Approx(120));
+  CHECK(config.server.read_timeout == doctest::Approx(30));
+  CHECK(config.server.max_queued_requests == 3);
+  CHECK(config.server.shutdown_timeout == 0);
+
+  file = write_file(dir / "bad-server.yaml",
+                    "model: {path: m.gguf}\n"
+                    "server: {max_queued_requests: 0, header_timeout: soon, max_body_size: 10, api_keys: [''],\n"
+                    "         max_conections: 5}\n");
+  const auto issues = load_errors(file, *registry);
+  const std::string all = dump(issues);
+  INFO(all);
+  CHECK(issues.size() == 5);
+  CHECK(all.find("server.max_queued_requests: expected an integer in [1, 1048576], got 0") != std::string::npos);
+  CHECK(all.find("server.header_timeout: expected a duration") != std::string::npos);
+  CHECK(all.find("server.max_body_size: expected a size in [1KiB, 1GiB]") != std::string::npos);
+  CHECK(all.find("server.api_keys: an API key must not be empty") != std::string::npos);
+  CHECK(all.find("server: unknown key 'max_conections'") != std::string::npos);
 }

@@ -48,10 +48,19 @@ struct ModelConfig {
   int context_length = 0;   // 0: the model's, capped at 4096
 };
 
+// The `server:` section (`tessera serve`). Sizes in bytes, durations in seconds.
 struct ServerConfig {
   std::string host = "127.0.0.1";
-  int port = 8080;
-  std::vector<std::string> api_keys;
+  int port = 8080;                       // 0: any free port (the bound one is printed)
+  std::vector<std::string> api_keys;     // empty: no authentication
+  int64_t max_body_bytes = 1 << 20;      // larger request bodies get 413
+  int64_t max_header_bytes = 16 << 10;   // larger request headers get 431
+  double header_timeout = 10;            // a request's headers must arrive within this
+  double read_timeout = 30;              // the body must arrive within this
+  double idle_timeout = 60;              // a keep-alive connection may wait this long
+  double write_timeout = 30;             // a client must accept each write within this
+  int max_queued_requests = 256;         // requests held at once (running + waiting); more get 429
+  double shutdown_timeout = 10;          // on SIGTERM/SIGINT, in-flight requests get this long
 };
 
 struct StackConfig {

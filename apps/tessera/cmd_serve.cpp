@@ -1,0 +1,141 @@
+// tessera serve: the OpenAI-compatible HTTP server over one engine (server/ has the parts).
+// The engine steps on its own thread; HTTP runs on one io thread. SIGTERM/SIGINT shut down
+// gracefully: stop accepting, let in-flight requests finish for server.shutdown_timeout,
+// cancel the rest, close, exit 0.
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <sstream>
+
+#include "commands.h"
+#include "server/http_server.h"
+#include "server/openai_service.h"
+#include "stack_loader.h"
+
+namespace tessera::cli {
+namespace {
+
+struct ServeOptions {
+  std::string config;
+  std::optional<std::string> host;
+  std::optional<int> port;
+};
+
+// Keys from the config plus TESSERA_API_KEYS (comma-separated), so secrets need not be in a
+// file that is checked in.
+std::vector<std::string> collect_api_keys(const ServerConfig& server) {
+  std::vector<std::string> keys = server.api_keys;
+  if (const char* env = std::getenv("TESSERA_API_KEYS")) {
+    std::stringstream ss(env);
+    std::string key;
+    while (std::getline(ss, key, ','))
+      if (!key.empty()) keys.push_back(key);
+  }
+  return keys;
+}
+
+void run_serve(const ServeOptions& opt) {
+  namespace net = boost::asio;
+  // Declared before the engine so it outlives it: engine callbacks hold sockets of this
+  // io_context until the engine drops them.
+  net::io_context io{1};
+  LoadedStack stack = load_stack(opt.config, /*quiet=*/false);
+  ServerConfig& server_config = stack.config.server;
+  if (opt.host) server_config.host = *opt.host;
+  if (opt.port) {
+    if (*opt.port < 0 || *opt.port > 65535) throw CommandError("--port: expected 0..65535, got " + std::to_string(*opt.port));
+    server_config.port = *opt.port;
+  }
+  Engine& engine = *stack.engine;
+  const std::string model_id =
+      stack.config.model.name.empty() ? engine.model().name() : stack.config.model.name;
+  const auto api_keys = collect_api_keys(server_config);
+
+  server::OpenAiService service(engine, server_config, model_id, api_keys);
+  server::HttpServer http(io, server_config, service);
+  try {
+    http.listen();
+  } catch (const std::exception& e) {
+    throw CommandError(e.what());
+  }
+  engine.start();
+
+  const std::string url = "http://" + server_config.host + ":" + std::to_string(http.port());
+  std::fprintf(stderr, "tessera serve: listening on %s, model \"%s\"%s\n", url.c_str(), model_id.c_str(),
+               api_keys.empty() ? "" : ", API key required");
+  std::fprintf(stderr,
+               "try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d "
+               "'{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
+               "\"max_tokens\": 64}'\n",
+               url.c_str(), api_keys.empty() ? "" : " -H 'Authorization: Bearer $KEY'", model_id.c_str());
+  std::fflush(stderr);
+
+  // Graceful shutdown, polled: in-flight requests get shutdown_timeout to finish, then are
+  // cancelled; the process exits once every response is written or a last grace period ends.
+  net::signal_set signals(io, SIGINT, SIGTERM);
+  net::steady_timer shutdown_timer(io);
+  std::chrono::steady_clock::time_point deadline;
+  bool cancelled = false;
+  std::function<void()> poll_shutdown = [&] {
+    const auto now = std::chrono::steady_clock::now();
+    const bool idle = service.in_flight() == 0 && service.open_calls() == 0;
+    if (idle || now >= deadline + std::chrono::seconds(2)) {
+      if (!idle) spdlog::warn("serve: {} requests still open at exit", service.open_calls());
+      http.close_all();
+      io.stop();
+      return;
+    }
+    if (!cancelled && now >= deadline) {
+      cancelled = true;
+      std::fprintf(stderr, "tessera serve: cancelling %lld in-flight requests\n",
+                   static_cast<long long>(service.in_flight()));
+      service.cancel_all();
+    }
+    shutdown_timer.expires_after(std::chrono::milliseconds(20));
+    shutdown_timer.async_wait([&](boost::system::error_code ec) {
+      if (!ec) poll_shutdown();
+    });
+  };
+  signals.async_wait([&](boost::system::error_code ec, int signal) {
+    if (ec) return;
+    std::fprintf(stderr, "tessera serve: %s received, shutting down (%lld requests in flight)\n",
+                 signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(service.in_flight()));
+    deadline = std::chrono::steady_clock::now() +
+               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::duration<double>(server_config.shutdown_timeout));
+    service.begin_shutdown();
+    http.stop_accepting();
+    poll_shutdown();
+  });
+
+  io.run();
+  // Teardown order: no more engine callbacks, then connections closed while the server and
+  // io_context still exist, then the engine's leftover requests (and their sockets) freed.
+  engine.stop();
+  http.close_all();
+  io.restart();
+  io.poll();
+  stack.engine.reset();
+  io.poll();
+  std::fprintf(stderr, "tessera serve: stopped\n");
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto opt = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "serve the OpenAI-compatible HTTP API (completions, chat, SSE)");
+  cmd->add_option("-c,--config", opt->config, "stack YAML (default: configs/smollm2-cpu.yaml)");
+  cmd->add_option("--host", opt->host, "address to bind (overrides server.host; default 127.0.0.1)");
+  cmd->add_option("--port", opt->port, "port (overrides server.port; 0 picks a free one)");
+  cmd->callback([opt] { run_serve(*opt); });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,154 @@
+#include "metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace tessera::server {
+
+namespace {
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+void header(std::string* out, const char* name, const char* type, const char* help) {
+  *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void sample(std::string* out, const std::string& name, double value) {
+  *out += name + " " + number(value) + "\n";
+}
+
+// Latency buckets in seconds, from sub-millisecond decode steps on a GPU to minutes in a
+// saturated CPU queue.
+std::vector<double> latency_buckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+          1,     2.5,    5,     10,   20,    30,   60,   120,   300};
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::render(const std::string& name, std::string* out) const {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    *out += name + "_bucket{le=\"" + number(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  *out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  sample(out, name + "_sum", sum_);
+  *out += name + "_count " + std::to_string(count_) + "\n";
+}
+
+ServerMetrics::ServerMetrics()
+    : queue_time_(latency_buckets()), ttft_(latency_buckets()), tpot_(latency_buckets()),
+      itl_(latency_buckets()), e2e_(latency_buckets()),
+      output_tokens_({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}) {}
+
+void ServerMetrics::count_request(const std::string& endpoint, int status) { ++requests_[{endpoint, status}]; }
+
+void ServerMetrics::observe_sequence(const RequestTimings& t, int32_t num_output_tokens) {
+  if (t.first_scheduled >= 0) queue_time_.observe(t.queue_time());
+  if (t.first_token >= 0) ttft_.observe(t.ttft());
+  if (t.token_times.size() > 1) tpot_.observe(t.tpot());
+  for (double d : t.inter_token_latencies()) itl_.observe(d);
+  if (t.finished >= 0) e2e_.observe(t.end_to_end());
+  output_tokens_.observe(num_output_tokens);
+}
+
+void ServerMetrics::count_tokens(int64_t prompt_tokens, int64_t output_tokens) {
+  prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
+  generation_tokens_ += static_cast<uint64_t>(output_tokens);
+}
+
+std::string ServerMetrics::render(const EngineStats& e) const {
+  std::string out;
+  header(&out, "tessera_http_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
+  for (const auto& [key, n] : requests_)
+    out += "tessera_http_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) +
+           "\"} " + std::to_string(n) + "\n";
+  header(&out, "tessera_requests_in_flight", "gauge", "Generation requests admitted and not yet finished.");
+  sample(&out, "tessera_requests_in_flight", static_cast<double>(in_flight_));
+  header(&out, "tessera_requests_rejected_queue_full_total", "counter",
+         "Generation requests refused with 429 because max_queued_requests were in flight.");
+  sample(&out, "tessera_requests_rejected_queue_full_total", static_cast<double>(rejected_full_queue_));
+  header(&out, "tessera_requests_cancelled_by_client_total", "counter",
+         "Generation requests cancelled because the client disconnected.");
+  sample(&out, "tessera_requests_cancelled_by_client_total", static_cast<double>(cancelled_by_client_));
+
+  header(&out, "tessera_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.");
+  sample(&out, "tessera_prompt_tokens_total", static_cast<double>(prompt_tokens_));
+  header(&out, "tessera_generation_tokens_total", "counter", "Tokens generated.");
+  sample(&out, "tessera_generation_tokens_total", static_cast<double>(generation_tokens_));
+
+  header(&out, "tessera_queue_time_seconds", "histogram", "Arrival to first scheduled step, per sequence.");
+  queue_time_.render("tessera_queue_time_seconds", &out);
+  header(&out, "tessera_time_to_first_token_seconds", "histogram",
+         "Arrival to first generated token (includes the first decode step), per sequence.");
+  ttft_.render("tessera_time_to_first_token_seconds", &out);
+  header(&out, "tessera_time_per_output_token_seconds", "histogram",
+         "Mean time per output token after the first, per sequence.");
+  tpot_.render("tessera_time_per_output_token_seconds", &out);
+  header(&out, "tessera_inter_token_latency_seconds", "histogram", "Time between consecutive generated tokens.");
+  itl_.render("tessera_inter_token_latency_seconds", &out);
+  header(&out, "tessera_e2e_request_latency_seconds", "histogram", "Arrival to finish, per sequence.");
+  e2e_.render("tessera_e2e_request_latency_seconds", &out);
+  header(&out, "tessera_output_tokens_per_sequence", "histogram", "Generated tokens per sequence.");
+  output_tokens_.render("tessera_output_tokens_per_sequence", &out);
+
+  header(&out, "tessera_engine_steps_total", "counter", "Engine steps (forward passes).");
+  sample(&out, "tessera_engine_steps_total", static_cast<double>(e.num_steps));
+  header(&out, "tessera_engine_batch_tokens_total", "counter", "Tokens fed to the model, all steps.");
+  sample(&out, "tessera_engine_batch_tokens_total", static_cast<double>(e.num_batch_tokens));
+  header(&out, "tessera_engine_batch_size", "gauge", "Sequences in the last engine step.");
+  sample(&out, "tessera_engine_batch_size", e.last_batch_size);
+  header(&out, "tessera_engine_batch_tokens", "gauge", "Tokens in the last engine step.");
+  sample(&out, "tessera_engine_batch_tokens", e.last_batch_tokens);
+  header(&out, "tessera_engine_mean_batch_tokens", "gauge", "Tokens per step, averaged over all steps.");
+  sample(&out, "tessera_engine_mean_batch_tokens",
+         e.num_steps ? static_cast<double>(e.num_batch_tokens) / static_cast<double>(e.num_steps) : 0.0);
+  header(&out, "tessera_engine_running_sequences", "gauge", "Sequences running.");
+  sample(&out, "tessera_engine_running_sequences", e.num_running);
+  header(&out, "tessera_engine_waiting_sequences", "gauge", "Sequences waiting to be scheduled.");
+  sample(&out, "tessera_engine_waiting_sequences", e.num_waiting);
+  header(&out, "tessera_engine_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.");
+  sample(&out, "tessera_engine_preemptions_total", static_cast<double>(e.num_preemptions));
+  header(&out, "tessera_engine_finished_sequences_total", "counter", "Sequences finished (any reason).");
+  sample(&out, "tessera_engine_finished_sequences_total", static_cast<double>(e.num_finished));
+
+  header(&out, "tessera_kv_blocks_total", "gauge", "KV cache blocks in the pool.");
+  sample(&out, "tessera_kv_blocks_total", e.kv.num_blocks);
+  header(&out, "tessera_kv_blocks_used", "gauge", "KV cache blocks referenced by live sequences.");
+  sample(&out, "tessera_kv_blocks_used", e.kv.num_used_blocks);
+  header(&out, "tessera_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (evictable).");
+  sample(&out, "tessera_kv_blocks_cached", e.kv.num_cached_blocks);
+  header(&out, "tessera_kv_slots_reserved", "gauge", "KV token slots held by live sequences.");
+  sample(&out, "tessera_kv_slots_reserved", static_cast<double>(e.kv.num_slots_reserved));
+  header(&out, "tessera_prefix_cache_query_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
+  sample(&out, "tessera_prefix_cache_query_tokens_total", static_cast<double>(e.kv.prefix_query_tokens));
+  header(&out, "tessera_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache.");
+  sample(&out, "tessera_prefix_cache_hit_tokens_total", static_cast<double>(e.kv.prefix_hit_tokens));
+  header(&out, "tessera_prefix_cache_hit_rate", "gauge", "Prefix-cache hit tokens / query tokens since start.");
+  sample(&out, "tessera_prefix_cache_hit_rate",
+         e.kv.prefix_query_tokens
+             ? static_cast<double>(e.kv.prefix_hit_tokens) / static_cast<double>(e.kv.prefix_query_tokens)
+             : 0.0);
+  header(&out, "tessera_draft_tokens_total", "counter", "Speculative draft tokens proposed.");
+  sample(&out, "tessera_draft_tokens_total", static_cast<double>(e.num_draft_tokens));
+  header(&out, "tessera_draft_tokens_accepted_total", "counter", "Speculative draft tokens accepted.");
+  sample(&out, "tessera_draft_tokens_accepted_total", static_cast<double>(e.num_accepted_draft_tokens));
+  return out;
+}
+
+}  // namespace tessera::server

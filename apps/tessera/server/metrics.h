@@ -1,0 +1,57 @@
+// Server metrics in the Prometheus text exposition format (version 0.0.4): HTTP requests by
+// endpoint and status, per-request latency histograms (queue time, TTFT, TPOT, inter-token
+// latency, end-to-end), token counters, and the engine's gauges (batch size, KV blocks,
+// preemptions, prefix-cache hit rate) read from EngineStats when scraped.
+//
+// Thread-safety: one thread (the server's io thread) records and renders.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/engine.h"
+
+namespace tessera::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  // Appends `name_bucket{le=...}`, `name_sum` and `name_count` lines.
+  void render(const std::string& name, std::string* out) const;
+  uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; the last is +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  void count_request(const std::string& endpoint, int status);
+  // One finished sample (choice) of a generation request.
+  void observe_sequence(const RequestTimings& timings, int32_t num_output_tokens);
+  void count_tokens(int64_t prompt_tokens, int64_t output_tokens);
+  void set_in_flight(int64_t n) { in_flight_ = n; }
+  void count_rejected_full_queue() { ++rejected_full_queue_; }
+  void count_cancelled_by_client() { ++cancelled_by_client_; }
+
+  std::string render(const EngineStats& engine) const;
+
+ private:
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  Histogram queue_time_, ttft_, tpot_, itl_, e2e_, output_tokens_;
+  uint64_t prompt_tokens_ = 0;
+  uint64_t generation_tokens_ = 0;
+  int64_t in_flight_ = 0;
+  uint64_t rejected_full_queue_ = 0;
+  uint64_t cancelled_by_client_ = 0;
+};
+
+}  // namespace tessera::server

@@ -1,0 +1,364 @@
+#include "openai_protocol.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace tessera::server {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kMaxLogprobs = 20;
+constexpr int kMaxStopStrings = 16;
+constexpr int kMaxN = 128;
+
+std::string describe(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_float: return "a number (" + v.dump() + ")";
+    default: return "an integer (" + v.dump() + ")";
+  }
+}
+
+// Field readers: absent or null means "not given" (OpenAI clients send explicit nulls).
+// Each returns false after filling *error when the value is present but wrong.
+class Reader {
+ public:
+  Reader(const json& body, ApiError* error) : body_(body), error_(error) {}
+
+  const json* find(const char* key) const {
+    auto it = body_.find(key);
+    if (it == body_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  bool fail(const std::string& param, const std::string& message) {
+    error_->param = param;
+    error_->message = param + ": " + message;
+    return false;
+  }
+
+  bool number(const char* key, double lo, double hi, float* out) {
+    const json* v = find(key);
+    if (!v) return true;
+    if (!v->is_number()) return fail(key, "expected a number, got " + describe(*v));
+    const double d = v->get<double>();
+    if (!(d >= lo && d <= hi))
+      return fail(key, "must be in [" + fmt(lo) + ", " + fmt(hi) + "], got " + v->dump());
+    *out = static_cast<float>(d);
+    return true;
+  }
+
+  bool integer(const char* key, int64_t lo, int64_t hi, int64_t* out, bool* given = nullptr) {
+    const json* v = find(key);
+    if (!v) return true;
+    int64_t i = 0;
+    if (v->is_number_integer()) {
+      if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        return fail(key, "must be at most " + std::to_string(hi) + ", got " + v->dump());
+      i = v->get<int64_t>();
+    } else if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
+               std::fabs(v->get<double>()) < 9e15) {
+      i = static_cast<int64_t>(v->get<double>());  // 16.0 is 16
+    } else {
+      return fail(key, "expected an integer, got " + describe(*v));
+    }
+    if (i < lo || i > hi)
+      return fail(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v->dump());
+    *out = i;
+    if (given) *given = true;
+    return true;
+  }
+
+  bool boolean(const char* key, bool* out) {
+    const json* v = find(key);
+    if (!v) return true;
+    if (!v->is_boolean()) return fail(key, "expected a boolean, got " + describe(*v));
+    *out = v->get<bool>();
+    return true;
+  }
+
+  bool string(const char* key, std::string* out) {
+    const json* v = find(key);
+    if (!v) return true;
+    if (!v->is_string()) return fail(key, "expected a string, got " + describe(*v));
+    *out = v->get<std::string>();
+    return true;
+  }
+
+  static std::string fmt(double d) {
+    json j = d;
+    return j.dump();
+  }
+
+ private:
+  const json& body_;
+  ApiError* error_;
+};
+
+bool parse_stop(Reader& r, std::vector<std::string>* stops) {
+  const json* v = r.find("stop");
+  if (!v) return true;
+  if (v->is_string()) {
+    if (!v->get<std::string>().empty()) stops->push_back(v->get<std::string>());
+    return true;
+  }
+  if (!v->is_array()) return r.fail("stop", "expected a string or a list of strings, got " + describe(*v));
+  if (v->size() > kMaxStopStrings)
+    return r.fail("stop", "at most " + std::to_string(kMaxStopStrings) + " stop strings, got " +
+                              std::to_string(v->size()));
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& s = (*v)[i];
+    if (!s.is_string())
+      return r.fail("stop", "expected a list of strings, item " + std::to_string(i) + " is " + describe(s));
+    if (!s.get<std::string>().empty()) stops->push_back(s.get<std::string>());
+  }
+  return true;
+}
+
+bool parse_token_list(Reader& r, const json& list, std::vector<int32_t>* ids) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& t = list[i];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      return r.fail("prompt", "token list item " + std::to_string(i) + " is not a token id: " + t.dump());
+    ids->push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  if (ids->empty()) return r.fail("prompt", "must not be empty");
+  return true;
+}
+
+bool parse_prompt(Reader& r, GenerationSpec* spec) {
+  const json* v = r.find("prompt");
+  if (!v) return r.fail("prompt", "required");
+  if (v->is_string()) {
+    spec->prompt_text = v->get<std::string>();
+    return true;
+  }
+  if (v->is_array() && !v->empty()) {
+    const json& first = (*v)[0];
+    if (first.is_number()) return parse_token_list(r, *v, &spec->prompt_ids);
+    // A batch of prompts would need choices across prompts; one is accepted.
+    if (v->size() != 1)
+      return r.fail("prompt", "a list of " + std::to_string(v->size()) +
+                                  " prompts is not supported; send one prompt per request");
+    if (first.is_string()) {
+      spec->prompt_text = first.get<std::string>();
+      return true;
+    }
+    if (first.is_array()) return parse_token_list(r, first, &spec->prompt_ids);
+  }
+  return r.fail("prompt", "expected a string, a list of token ids, or a list of one string, got " + describe(*v));
+}
+
+bool parse_content(Reader& r, const json& content, size_t index, std::string* out) {
+  const std::string param = "messages[" + std::to_string(index) + "].content";
+  if (content.is_string()) {
+    *out = content.get<std::string>();
+    return true;
+  }
+  if (content.is_array()) {
+    for (size_t i = 0; i < content.size(); ++i) {
+      const json& part = content[i];
+      const std::string part_param = param + "[" + std::to_string(i) + "]";
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+        return r.fail(part_param, "expected an object with a \"type\"");
+      if (part["type"] != "text")
+        return r.fail(part_param + ".type", "only \"text\" content parts are supported, got " + part["type"].dump());
+      if (!part.contains("text") || !part["text"].is_string())
+        return r.fail(part_param + ".text", "expected a string");
+      *out += part["text"].get<std::string>();
+    }
+    return true;
+  }
+  return r.fail(param, "expected a string or a list of content parts, got " + describe(content));
+}
+
+bool parse_messages(Reader& r, GenerationSpec* spec) {
+  const json* v = r.find("messages");
+  if (!v) return r.fail("messages", "required");
+  if (!v->is_array()) return r.fail("messages", "expected a list of messages, got " + describe(*v));
+  if (v->empty()) return r.fail("messages", "must contain at least one message");
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& m = (*v)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return r.fail(param, "expected an object, got " + describe(m));
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return r.fail(param + ".role", "expected a string");
+    std::string role_name = role->get<std::string>();
+    if (role_name == "developer") role_name = "system";  // OpenAI's newer name for it
+    if (role_name != "system" && role_name != "user" && role_name != "assistant")
+      return r.fail(param + ".role", "expected one of system, developer, user, assistant, got \"" + role_name + "\"");
+    ChatMessage msg;
+    msg.role = role_name;
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      return r.fail(param + ".content", "required");
+    }
+    if (!parse_content(r, *content, i, &msg.content)) return false;
+    spec->messages.push_back(std::move(msg));
+  }
+  return true;
+}
+
+// Known fields this server does not implement: refusing them beats ignoring what the client
+// explicitly asked for.
+bool reject_unsupported(Reader& r, ApiKind kind, int32_t n) {
+  if (const json* v = r.find("logit_bias"); v && !(v->is_object() && v->empty()))
+    return r.fail("logit_bias", "is not supported");
+  if (const json* v = r.find("tools"); v && !(v->is_array() && v->empty())) return r.fail("tools", "is not supported");
+  if (r.find("functions")) return r.fail("functions", "is not supported");
+  if (const json* v = r.find("response_format")) {
+    if (!v->is_object() || v->value("type", "") != "text")
+      return r.fail("response_format", "only {\"type\": \"text\"} is supported");
+  }
+  if (kind == ApiKind::kCompletion) {
+    if (const json* v = r.find("echo"); v && !(v->is_boolean() && !v->get<bool>()))
+      return r.fail("echo", "is not supported");
+    if (const json* v = r.find("suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
+      return r.fail("suffix", "is not supported");
+    if (const json* v = r.find("best_of"); v && !(v->is_number_integer() && v->get<int64_t>() == n))
+      return r.fail("best_of", "is not supported (other than equal to n)");
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind kind, ApiError* error) {
+  Reader r(body, error);
+  GenerationSpec spec;
+  spec.kind = kind;
+  // OpenAI's defaults; SamplingParams' own defaults match them except max_tokens.
+  spec.params.temperature = 1.0f;
+  const json* model = r.find("model");
+  if (!model) return r.fail("model", "required"), std::nullopt;
+  if (!model->is_string()) return r.fail("model", "expected a string, got " + describe(*model)), std::nullopt;
+  spec.model = model->get<std::string>();
+
+  if (kind == ApiKind::kCompletion) {
+    if (!parse_prompt(r, &spec)) return std::nullopt;
+  } else {
+    if (!parse_messages(r, &spec)) return std::nullopt;
+  }
+
+  int64_t i = 0;
+  bool given = false;
+  if (!r.integer("max_tokens", 1, 1 << 24, &i, &given)) return std::nullopt;
+  if (given) spec.params.max_tokens = static_cast<int32_t>(i);
+  if (kind == ApiKind::kChat) {
+    bool completion_given = false;
+    if (!r.integer("max_completion_tokens", 1, 1 << 24, &i, &completion_given)) return std::nullopt;
+    if (completion_given) spec.params.max_tokens = static_cast<int32_t>(i);
+    given = given || completion_given;
+  }
+  spec.max_tokens_given = given;
+
+  if (!r.number("temperature", 0, 2, &spec.params.temperature)) return std::nullopt;
+  if (!r.number("top_p", 0, 1, &spec.params.top_p)) return std::nullopt;
+  if (spec.params.top_p == 0) return r.fail("top_p", "must be greater than 0"), std::nullopt;
+  if (!r.integer("top_k", -1, 1 << 20, &i, &(given = false))) return std::nullopt;
+  if (given) spec.params.top_k = i < 0 ? 0 : static_cast<int32_t>(i);  // -1 (vLLM) means off
+  if (!r.number("min_p", 0, 1, &spec.params.min_p)) return std::nullopt;
+  if (!r.number("presence_penalty", -2, 2, &spec.params.presence_penalty)) return std::nullopt;
+  if (!r.number("frequency_penalty", -2, 2, &spec.params.frequency_penalty)) return std::nullopt;
+  if (!r.number("repetition_penalty", 0.01, 10, &spec.params.repetition_penalty)) return std::nullopt;
+  if (!r.integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &i,
+                 &(given = false)))
+    return std::nullopt;
+  if (given) {
+    spec.params.seed = static_cast<uint64_t>(i);
+    spec.params.has_seed = true;
+  }
+  if (!r.integer("n", 1, kMaxN, &i, &(given = false))) return std::nullopt;
+  if (given) spec.n = static_cast<int32_t>(i);
+  if (!parse_stop(r, &spec.stop)) return std::nullopt;
+  if (!r.boolean("stream", &spec.stream)) return std::nullopt;
+  if (!r.boolean("ignore_eos", &spec.params.ignore_eos)) return std::nullopt;
+  if (const json* so = r.find("stream_options")) {
+    if (!so->is_object()) return r.fail("stream_options", "expected an object, got " + describe(*so)), std::nullopt;
+    if (!spec.stream) return r.fail("stream_options", "is only allowed when stream is true"), std::nullopt;
+    Reader sr(*so, error);
+    if (!sr.boolean("include_usage", &spec.include_usage)) {
+      error->param = "stream_options." + error->param;
+      error->message = "stream_options." + error->message;
+      return std::nullopt;
+    }
+  }
+  std::string user;
+  if (!r.string("user", &user)) return std::nullopt;  // accepted for compatibility, not used
+
+  if (kind == ApiKind::kCompletion) {
+    // Completions: `logprobs: N` asks for the chosen token's logprob and N alternatives.
+    if (!r.integer("logprobs", 0, kMaxLogprobs, &i, &(given = false))) return std::nullopt;
+    if (given) {
+      spec.logprobs = true;
+      spec.top_logprobs = static_cast<int32_t>(i);
+    }
+  } else {
+    // Chat: `logprobs: true` plus `top_logprobs: N`.
+    if (!r.boolean("logprobs", &spec.logprobs)) return std::nullopt;
+    if (!r.integer("top_logprobs", 0, kMaxLogprobs, &i, &(given = false))) return std::nullopt;
+    if (given) {
+      if (!spec.logprobs) return r.fail("top_logprobs", "requires logprobs to be true"), std::nullopt;
+      spec.top_logprobs = static_cast<int32_t>(i);
+    }
+  }
+  spec.params.num_logprobs = spec.top_logprobs;
+  if (!reject_unsupported(r, kind, spec.n)) return std::nullopt;
+  return spec;
+}
+
+StopStringFilter::StopStringFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  for (const auto& s : stops_) max_stop_len_ = std::max(max_stop_len_, s.size());
+}
+
+std::string StopStringFilter::push(std::string_view text) {
+  if (matched_) return {};
+  pending_ += text;
+  if (stops_.empty()) {
+    std::string out = std::move(pending_);
+    pending_.clear();
+    released_ += out.size();
+    return out;
+  }
+  // The earliest stop string wins.
+  size_t cut = std::string::npos;
+  for (const auto& s : stops_) cut = std::min(cut, pending_.find(s));
+  if (cut != std::string::npos) {
+    matched_ = true;
+    std::string out = pending_.substr(0, cut);
+    pending_.clear();
+    released_ += out.size();
+    return out;
+  }
+  // Hold back the longest tail that is the beginning of some stop string.
+  size_t hold = 0;
+  for (size_t k = std::min(pending_.size(), max_stop_len_ - 1); k > 0 && hold == 0; --k) {
+    const std::string_view tail = std::string_view(pending_).substr(pending_.size() - k);
+    for (const auto& s : stops_)
+      if (s.size() > k && std::string_view(s).substr(0, k) == tail) {
+        hold = k;
+        break;
+      }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  released_ += out.size();
+  return out;
+}
+
+std::string StopStringFilter::flush() {
+  if (matched_) return {};
+  std::string out = std::move(pending_);
+  pending_.clear();
+  released_ += out.size();
+  return out;
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,75 @@
+// The OpenAI request bodies `tessera serve` accepts, parsed and validated into a
+// GenerationSpec, and the stop-string filter that keeps stop strings out of the output.
+//
+// Policy on fields (documented in docs/server.md): like OpenAI, unknown fields are ignored so
+// that newer clients keep working; known fields with a wrong type or out of range are a 400
+// naming the field; known fields whose feature this server lacks (tools, response_format
+// other than text, logit_bias, echo, suffix, best_of > n) are a 400 too, rather than
+// silently producing something the client did not ask for.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/chat_template.h"
+#include "tessera/sdk/types.h"
+
+namespace tessera::server {
+
+enum class ApiKind { kCompletion, kChat };
+
+// A request that failed validation: the message and the offending field for the error body.
+struct ApiError {
+  std::string message;
+  std::string param;
+};
+
+struct GenerationSpec {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string model;
+  // Exactly one of these: completion text, completion token ids, chat messages.
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+  std::vector<ChatMessage> messages;
+  SamplingParams params;
+  bool max_tokens_given = false;  // otherwise the caller picks a default
+  int32_t n = 1;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;    // stream_options.include_usage
+  bool logprobs = false;         // report logprobs of chosen tokens
+  int32_t top_logprobs = 0;      // and this many alternatives per token
+};
+
+// Parses a JSON body already known to be an object. Returns std::nullopt and fills *error on
+// the first problem found.
+std::optional<GenerationSpec> parse_generation_request(const nlohmann::json& body, ApiKind kind, ApiError* error);
+
+// Holds back decoded text that could be the beginning of a stop string, and cuts the output
+// at the first stop string (which is never released). Text is matched on the decoded string,
+// so a stop string spanning several tokens is found.
+class StopStringFilter {
+ public:
+  explicit StopStringFilter(std::vector<std::string> stops);
+  // Appends `text`; returns what can be released now.
+  std::string push(std::string_view text);
+  // End of generation without a stop string: everything held back.
+  std::string flush();
+  bool matched() const { return matched_; }
+  // Bytes released so far (the text before the stop string once matched).
+  size_t released() const { return released_; }
+
+ private:
+  std::vector<std::string> stops_;
+  size_t max_stop_len_ = 0;
+  std::string pending_;
+  size_t released_ = 0;
+  bool matched_ = false;
+};
+
+}  // namespace tessera::server

@@ -1,0 +1,598 @@
+#include "openai_service.h"
+
+#include <boost/asio/post.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "openai_protocol.h"
+#include "tessera/chat_template.h"
+#include "tessera/tokenizer.h"
+
+namespace tessera::server {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kClientClosedRequest = 499;  // nginx's status for "client went away first"
+constexpr int kCompletionDefaultMaxTokens = 16;  // OpenAI's default for /v1/completions
+
+std::string dump(const json& j) {
+  // Token pieces of byte-level vocabularies can be partial UTF-8: replace, never throw.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016llx", prefix, static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+// Compares without an early exit, so response timing does not reveal how much of a key
+// matched (only whether the length did).
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size() || a.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+const char* finish_reason_text(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "abort";
+    default: return "error";
+  }
+}
+
+http::status status_for(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange: return http::status::bad_request;
+    case StatusCode::kResourceExhausted: return http::status::service_unavailable;
+    default: return http::status::internal_server_error;
+  }
+}
+
+// Engine messages start with the field they are about ("max_tokens: ...", "prompt: ...").
+std::string param_of(const std::string& message) {
+  const auto colon = message.find(':');
+  if (colon == std::string::npos || colon > 32) return {};
+  const std::string head = message.substr(0, colon);
+  return head.find(' ') == std::string::npos ? head : std::string();
+}
+
+}  // namespace
+
+// One generation request from arrival to its last byte. Touched only on the io thread.
+struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
+  struct TokenRecord {
+    SampledToken token;
+    size_t offset = 0;  // where its decoded text starts in the choice's text
+  };
+  struct Choice {
+    std::unique_ptr<StreamingDetokenizer> detok;
+    std::unique_ptr<StopStringFilter> filter;
+    std::string text;               // released so far (all of it once finished)
+    std::vector<TokenRecord> tokens;
+    size_t decoded_bytes = 0;
+    size_t tokens_reported = 0;     // logprob entries already streamed
+    bool finished = false;          // no more output: the engine finished it or a stop string matched
+    bool engine_finished = false;
+    std::string finish_reason;
+    std::string error;
+  };
+  // An engine event, copied off the engine thread.
+  struct Event {
+    int32_t choice = 0;
+    std::vector<SampledToken> tokens;
+    bool finished = false;
+    FinishReason reason = FinishReason::kNone;
+    std::string error;
+    RequestTimings timings;  // only with finished
+  };
+
+  OpenAiService* service = nullptr;
+  uint64_t serial = 0;
+  GenerationSpec spec;
+  std::shared_ptr<ResponseChannel> channel;
+  std::string endpoint;
+  std::string id;
+  int64_t created = 0;
+  uint64_t request_id = 0;
+  int32_t prompt_tokens = 0;
+  std::vector<Choice> choices;
+  int32_t engine_open = 0;    // samples the engine has not finished
+  bool cancel_sent = false;
+  bool responded = false;     // the answer is complete, or the client is gone
+
+  const Tokenizer& tokenizer() const { return service->engine_.model().tokenizer(); }
+  bool chat() const { return spec.kind == ApiKind::kChat; }
+
+  // Tokens of a choice that belong to its output: all of them, or those starting before a
+  // matched stop string.
+  size_t kept_tokens(const Choice& c) const {
+    if (!c.filter->matched()) return c.tokens.size();
+    size_t n = 0;
+    while (n < c.tokens.size() && c.tokens[n].offset < c.filter->released()) ++n;
+    return n;
+  }
+
+  void on_event(Event ev) {
+    Choice& c = choices[static_cast<size_t>(ev.choice)];
+    std::string released;
+    if (!c.finished) {
+      for (const SampledToken& t : ev.tokens) {
+        const std::string piece = c.detok->push(t.token);
+        c.tokens.push_back({t, c.decoded_bytes});
+        c.decoded_bytes += piece.size();
+        released += c.filter->push(piece);
+        if (c.filter->matched()) {
+          c.finished = true;
+          c.finish_reason = "stop";
+          break;
+        }
+      }
+      if (ev.finished && !c.finished) {
+        const std::string rest = c.detok->flush();
+        c.decoded_bytes += rest.size();
+        released += c.filter->push(rest);
+        if (!c.filter->matched()) released += c.filter->flush();
+        c.finished = true;
+        c.finish_reason = c.filter->matched() ? "stop" : finish_reason_text(ev.reason);
+        if (ev.reason == FinishReason::kError) c.error = ev.error;
+      }
+      c.text += released;
+      if (spec.stream && !responded) stream_delta(ev.choice, released);
+    }
+    if (ev.finished) {
+      c.engine_finished = true;
+      if (--engine_open == 0) {
+        --service->in_flight_;
+        service->metrics_.set_in_flight(service->in_flight_);
+      }
+      service->metrics_.observe_sequence(ev.timings, static_cast<int32_t>(kept_tokens(c)));
+      service->metrics_.count_tokens(0, static_cast<int64_t>(ev.timings.token_times.size()));
+    }
+    maybe_complete();
+  }
+
+  bool all_finished() const {
+    for (const auto& c : choices)
+      if (!c.finished) return false;
+    return true;
+  }
+
+  void maybe_complete() {
+    if (!all_finished()) return;
+    // Stop strings ended every sample before the engine did: free its sequences now.
+    if (engine_open > 0 && !cancel_sent) {
+      cancel_sent = true;
+      service->engine_.cancel(request_id);
+    }
+    if (responded) return;
+    responded = true;
+    if (spec.stream) {
+      finish_stream();
+    } else {
+      respond_whole();
+    }
+  }
+
+  // The client went away: stop generating for it.
+  void client_gone() {
+    if (responded) return;
+    responded = true;
+    service->metrics_.count_cancelled_by_client();
+    // A stream was already counted with its 200.
+    if (!spec.stream) service->metrics_.count_request(endpoint, kClientClosedRequest);
+    if (engine_open > 0 && !cancel_sent) {
+      cancel_sent = true;
+      service->engine_.cancel(request_id);
+    }
+  }
+
+  void abort() {
+    if (engine_open > 0 && !cancel_sent) {
+      cancel_sent = true;
+      service->engine_.cancel(request_id);
+    }
+  }
+
+  json usage() const {
+    int64_t completion = 0;
+    for (const auto& c : choices) completion += static_cast<int64_t>(kept_tokens(c));
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt_tokens + completion}};
+  }
+
+  json token_text(TokenId id) const { return tokenizer().token_to_piece(id, false); }
+
+  static json bytes_of(const std::string& s) {
+    json b = json::array();
+    for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
+    return b;
+  }
+
+  // Logprobs of tokens [from, to) of a choice, in the shape of the endpoint.
+  json logprobs_json(const Choice& c, size_t from, size_t to, size_t text_base) const {
+    if (!spec.logprobs) return nullptr;
+    if (chat()) {
+      json content = json::array();
+      for (size_t i = from; i < to; ++i) {
+        const auto& t = c.tokens[i].token;
+        const std::string piece = tokenizer().token_to_piece(t.token, false);
+        json top = json::array();
+        for (const auto& alt : t.top) {
+          const std::string alt_piece = tokenizer().token_to_piece(alt.token, false);
+          top.push_back({{"token", alt_piece}, {"logprob", alt.logprob}, {"bytes", bytes_of(alt_piece)}});
+        }
+        content.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
+      }
+      return {{"content", content}, {"refusal", nullptr}};
+    }
+    json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+         offsets = json::array();
+    for (size_t i = from; i < to; ++i) {
+      const auto& rec = c.tokens[i];
+      tokens.push_back(token_text(rec.token.token));
+      token_logprobs.push_back(rec.token.logprob);
+      json top = json::object();
+      for (const auto& alt : rec.token.top) top[tokenizer().token_to_piece(alt.token, false)] = alt.logprob;
+      top_logprobs.push_back(top);
+      offsets.push_back(text_base + rec.offset);
+    }
+    return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs},
+            {"text_offset", offsets}};
+  }
+
+  void respond_whole() {
+    for (const auto& c : choices) {
+      if (!c.error.empty()) {
+        service->reply_error(channel, endpoint, http::status::internal_server_error,
+                             "generation failed: " + c.error, "server_error");
+        return;
+      }
+    }
+    json out_choices = json::array();
+    for (size_t i = 0; i < choices.size(); ++i) {
+      const Choice& c = choices[i];
+      json lp = logprobs_json(c, 0, kept_tokens(c), 0);
+      if (chat()) {
+        out_choices.push_back({{"index", i},
+                               {"message", {{"role", "assistant"}, {"content", c.text}}},
+                               {"logprobs", lp},
+                               {"finish_reason", c.finish_reason}});
+      } else {
+        out_choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+      }
+    }
+    json body = {{"id", id},
+                 {"object", chat() ? "chat.completion" : "text_completion"},
+                 {"created", created},
+                 {"model", spec.model},
+                 {"choices", out_choices},
+                 {"usage", usage()},
+                 {"system_fingerprint", nullptr}};
+    service->reply(channel, endpoint, make_json_response(http::status::ok, dump(body)));
+  }
+
+  json chunk_base() const {
+    json j = {{"id", id},
+              {"object", chat() ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", spec.model},
+              {"system_fingerprint", nullptr}};
+    if (spec.include_usage) j["usage"] = nullptr;
+    return j;
+  }
+
+  void send_event(const json& j) { channel->send_chunk("data: " + dump(j) + "\n\n"); }
+
+  // Streams what a choice released since the last chunk; with its finish reason when done.
+  void stream_delta(int32_t index, const std::string& text) {
+    Choice& c = choices[static_cast<size_t>(index)];
+    const size_t ready = c.finished ? kept_tokens(c) : [&] {
+      size_t n = c.tokens_reported;
+      while (n < c.tokens.size() && c.tokens[n].offset < c.filter->released()) ++n;
+      return n;
+    }();
+    if (text.empty() && !c.finished && ready == c.tokens_reported) return;
+    if (!c.error.empty()) {
+      send_event({{"error", {{"message", "generation failed: " + c.error}, {"type", "server_error"},
+                             {"param", nullptr}, {"code", nullptr}}}});
+    }
+    json lp = logprobs_json(c, c.tokens_reported, ready, 0);
+    c.tokens_reported = ready;
+    json choice = {{"index", index}, {"logprobs", lp},
+                   {"finish_reason", c.finished ? json(c.finish_reason) : json(nullptr)}};
+    if (chat()) {
+      choice["delta"] = text.empty() ? json::object() : json{{"content", text}};
+    } else {
+      choice["text"] = text;
+    }
+    json j = chunk_base();
+    j["choices"] = json::array({choice});
+    send_event(j);
+  }
+
+  void start_stream() {
+    channel->start_stream(http::status::ok, "text/event-stream");
+    service->metrics_.count_request(endpoint, 200);
+    if (!chat()) return;
+    // Chat streams open each choice with the assistant role, as OpenAI does.
+    for (size_t i = 0; i < choices.size(); ++i) {
+      json j = chunk_base();
+      j["choices"] = json::array(
+          {{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+            {"finish_reason", nullptr}}});
+      send_event(j);
+    }
+  }
+
+  void finish_stream() {
+    if (spec.include_usage) {
+      json j = chunk_base();
+      j["choices"] = json::array();
+      j["usage"] = usage();
+      send_event(j);
+    }
+    channel->send_chunk("data: [DONE]\n\n");
+    channel->end_stream();
+  }
+};
+
+OpenAiService::OpenAiService(Engine& engine, const ServerConfig& config, std::string model_id,
+                             std::vector<std::string> api_keys)
+    : engine_(engine), config_(config), model_id_(std::move(model_id)), api_keys_(std::move(api_keys)),
+      created_(unix_now()) {}
+
+OpenAiService::~OpenAiService() = default;
+
+size_t OpenAiService::open_calls() const {
+  size_t n = 0;
+  for (const auto& [serial, weak] : calls_)
+    if (auto call = weak.lock(); call && !call->responded) ++n;
+  return n;
+}
+
+void OpenAiService::cancel_all() {
+  for (const auto& [serial, weak] : calls_)
+    if (auto call = weak.lock()) call->abort();
+}
+
+bool OpenAiService::authorized(const HttpRequest& req) const {
+  if (api_keys_.empty()) return true;
+  const auto header = req[http::field::authorization];
+  constexpr boost::beast::string_view kBearer = "Bearer ";
+  if (header.size() <= kBearer.size() || !boost::beast::iequals(header.substr(0, kBearer.size()), kBearer))
+    return false;
+  const std::string_view presented(header.data() + kBearer.size(), header.size() - kBearer.size());
+  bool ok = false;
+  for (const auto& key : api_keys_) ok |= constant_time_equal(presented, key);
+  return ok;
+}
+
+void OpenAiService::reply(const std::shared_ptr<ResponseChannel>& channel, const std::string& endpoint,
+                          HttpResponse res) {
+  metrics_.count_request(endpoint, static_cast<int>(res.result_int()));
+  channel->respond(std::move(res));
+}
+
+void OpenAiService::reply_error(const std::shared_ptr<ResponseChannel>& channel, const std::string& endpoint,
+                                http::status status, const std::string& message, const std::string& type,
+                                const std::string& param, const std::string& code) {
+  reply(channel, endpoint, make_error_response(status, message, type, param, code));
+}
+
+json OpenAiService::model_card() const {
+  return {{"id", model_id_},
+          {"object", "model"},
+          {"created", created_},
+          {"owned_by", "tessera"},
+          {"max_model_len", engine_.max_context()}};
+}
+
+std::string OpenAiService::endpoint_label(std::string_view target) {
+  std::string_view path = target.substr(0, target.find('?'));
+  // Metric labels only for known routes: arbitrary paths must not grow the label set.
+  static const char* kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"};
+  for (const char* r : kRoutes)
+    if (path == r) return r;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
+  return "other";
+}
+
+void OpenAiService::handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) {
+  const std::string endpoint = endpoint_label(std::string_view(request.target().data(), request.target().size()));
+  route(request, channel, endpoint);
+}
+
+void OpenAiService::on_protocol_error(std::string_view target, int status) {
+  metrics_.count_request(endpoint_label(target), status);
+}
+
+void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<ResponseChannel>& channel,
+                          const std::string& endpoint) {
+  std::string path(req.target());
+  if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
+  const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+  const bool post = req.method() == http::verb::post;
+  auto wrong_method = [&](const char* allowed) {
+    auto res = make_error_response(http::status::method_not_allowed,
+                                   std::string(req.method_string()) + " is not allowed on " + path + "; use " + allowed,
+                                   "invalid_request_error");
+    res.set(http::field::allow, allowed);
+    reply(channel, endpoint, std::move(res));
+  };
+
+  if (path == "/health") {
+    if (!get) return wrong_method("GET");
+    if (draining_)
+      return reply(channel, endpoint, make_json_response(http::status::service_unavailable, R"({"status":"shutting down"})"));
+    return reply(channel, endpoint, make_json_response(http::status::ok, R"({"status":"ok"})"));
+  }
+  if (path == "/metrics") {
+    if (!get) return wrong_method("GET");
+    HttpResponse res{http::status::ok, 11};
+    res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    metrics_.set_in_flight(in_flight_);
+    res.body() = metrics_.render(engine_.stats());
+    return reply(channel, endpoint, std::move(res));
+  }
+  const bool is_api = path.rfind("/v1/", 0) == 0;
+  const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/models" ||
+                     path.rfind("/v1/models/", 0) == 0;
+  if (!known) {
+    return reply_error(channel, endpoint, http::status::not_found, "no route for " + path,
+                       "invalid_request_error", "", "unknown_url");
+  }
+  if (is_api && !authorized(req)) {
+    // The presented key is never logged or echoed.
+    auto res = make_error_response(http::status::unauthorized,
+                                   "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                                   "invalid_request_error", "", "invalid_api_key");
+    res.set(http::field::www_authenticate, "Bearer");
+    return reply(channel, endpoint, std::move(res));
+  }
+  if (path == "/v1/models") {
+    if (!get) return wrong_method("GET");
+    json body = {{"object", "list"}, {"data", json::array({model_card()})}};
+    return reply(channel, endpoint, make_json_response(http::status::ok, dump(body)));
+  }
+  if (path.rfind("/v1/models/", 0) == 0) {
+    if (!get) return wrong_method("GET");
+    const std::string id = path.substr(std::string("/v1/models/").size());
+    if (id != model_id_)
+      return reply_error(channel, endpoint, http::status::not_found, "the model '" + id + "' does not exist",
+                         "invalid_request_error", "model", "model_not_found");
+    return reply(channel, endpoint, make_json_response(http::status::ok, dump(model_card())));
+  }
+  if (!post) return wrong_method("POST");
+  handle_generation(req, channel, endpoint, path == "/v1/chat/completions");
+}
+
+void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_ptr<ResponseChannel>& channel,
+                                      const std::string& endpoint, bool chat) {
+  const auto bad_request = [&](const std::string& message, const std::string& param) {
+    reply_error(channel, endpoint, http::status::bad_request, message, "invalid_request_error", param);
+  };
+  json body;
+  try {
+    body = json::parse(req.body());
+  } catch (const json::parse_error& e) {
+    return bad_request(std::string("the request body is not valid JSON: ") + e.what(), "");
+  }
+  if (!body.is_object()) return bad_request("the request body must be a JSON object", "");
+  ApiError error;
+  auto spec = parse_generation_request(body, chat ? ApiKind::kChat : ApiKind::kCompletion, &error);
+  if (!spec) return bad_request(error.message, error.param);
+  if (spec->model != model_id_)
+    return reply_error(channel, endpoint, http::status::not_found,
+                       "the model '" + spec->model + "' does not exist; this server serves '" + model_id_ + "'",
+                       "invalid_request_error", "model", "model_not_found");
+  if (draining_)
+    return reply_error(channel, endpoint, http::status::service_unavailable, "the server is shutting down",
+                       "server_error", "", "shutting_down");
+  if (in_flight_ >= config_.max_queued_requests) {
+    metrics_.count_rejected_full_queue();
+    auto res = make_error_response(http::status::too_many_requests,
+                                   "the server is at its limit of " + std::to_string(config_.max_queued_requests) +
+                                       " queued requests; retry later",
+                                   "rate_limit_error", "", "queue_full");
+    res.set(http::field::retry_after, "1");
+    return reply(channel, endpoint, std::move(res));
+  }
+
+  const Model& model = engine_.model();
+  const Tokenizer& tok = model.tokenizer();
+  std::vector<TokenId> prompt;
+  if (chat) {
+    if (model.chat_template().empty())
+      return bad_request("this model has no chat template; use /v1/completions", "messages");
+    std::string text;
+    try {
+      text = apply_chat_template(model.chat_template(), spec->messages, /*add_generation_prompt=*/true);
+    } catch (const std::exception& e) {
+      return reply_error(channel, endpoint, http::status::internal_server_error,
+                         std::string("cannot apply the model's chat template: ") + e.what(), "server_error");
+    }
+    // Templates spell control tokens as text.
+    prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
+  } else if (spec->prompt_text) {
+    if (spec->prompt_text->empty()) return bad_request("prompt: must not be empty", "prompt");
+    prompt = tok.encode(*spec->prompt_text, /*add_special=*/true, /*parse_special=*/false);
+  } else {
+    prompt = spec->prompt_ids;
+  }
+  const int32_t prompt_len = static_cast<int32_t>(prompt.size());
+  if (!spec->max_tokens_given) {
+    // OpenAI: 16 for completions; chat runs until the context is full.
+    spec->params.max_tokens = chat ? std::max(1, engine_.max_context() - prompt_len) : kCompletionDefaultMaxTokens;
+  }
+
+  auto call = std::make_shared<GenerationCall>();
+  call->service = this;
+  call->serial = next_call_++;
+  call->channel = channel;
+  call->endpoint = endpoint;
+  call->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  call->created = unix_now();
+  call->prompt_tokens = prompt_len;
+  call->choices.resize(static_cast<size_t>(spec->n));
+  for (auto& c : call->choices) {
+    c.detok = std::make_unique<StreamingDetokenizer>(tok);
+    c.filter = std::make_unique<StopStringFilter>(spec->stop);
+  }
+  call->spec = std::move(*spec);
+
+  GenerationRequest greq;
+  greq.prompt = std::move(prompt);
+  greq.params = call->spec.params;
+  greq.n = call->spec.n;
+  auto executor = channel->executor();
+  greq.on_event = [call, executor](const GenerationEvent& ev) {
+    // Engine thread: copy what the io thread needs and hand it over.
+    GenerationCall::Event e;
+    e.choice = ev.choice;
+    e.tokens = ev.tokens;
+    e.finished = ev.finished;
+    e.reason = ev.finish_reason;
+    if (!ev.error.is_ok()) e.error = ev.error.message();
+    if (ev.finished && ev.timings) e.timings = *ev.timings;
+    boost::asio::post(executor, [call, e = std::move(e)]() mutable { call->on_event(std::move(e)); });
+  };
+  uint64_t request_id = 0;
+  Status st = engine_.submit(std::move(greq), &request_id);
+  if (!st.is_ok()) {
+    return reply_error(channel, endpoint, status_for(st), st.message(),
+                       status_for(st) == http::status::bad_request ? "invalid_request_error" : "server_error",
+                       param_of(st.message()));
+  }
+  call->request_id = request_id;
+  call->engine_open = call->spec.n;
+  ++in_flight_;
+  metrics_.set_in_flight(in_flight_);
+  metrics_.count_tokens(prompt_len, 0);
+  calls_[call->serial] = call;
+  // Forget finished calls so the registry stays small.
+  for (auto it = calls_.begin(); it != calls_.end();) it = it->second.expired() ? calls_.erase(it) : std::next(it);
+  std::weak_ptr<GenerationCall> weak = call;
+  channel->on_disconnect([weak] {
+    if (auto c = weak.lock()) c->client_gone();
+  });
+  if (call->spec.stream) call->start_stream();
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,70 @@
+// The OpenAI-compatible API over one engine: routes, API keys, request validation, the chat
+// template, submission to the engine, stop strings, streaming (SSE), usage, logprobs and
+// metrics. Runs on the HTTP server's io thread; engine events (on the engine thread) are
+// posted back to it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "http_server.h"
+#include "metrics.h"
+#include "tessera/config.h"
+#include "tessera/engine.h"
+
+namespace tessera::server {
+
+struct GenerationCall;
+
+class OpenAiService : public HttpHandler {
+ public:
+  // `api_keys` empty: no authentication. `model_id` is the name clients pass as "model".
+  OpenAiService(Engine& engine, const ServerConfig& config, std::string model_id,
+                std::vector<std::string> api_keys);
+  ~OpenAiService() override;
+
+  void handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) override;
+  void on_protocol_error(std::string_view target, int status) override;
+
+  // Shutdown: new generation requests get 503 from now on.
+  void begin_shutdown() { draining_ = true; }
+  // Cancels every request still generating (their clients get what was produced so far,
+  // finish_reason "abort").
+  void cancel_all();
+  // Requests the engine still holds, and responses not yet fully handed to the server.
+  int64_t in_flight() const { return in_flight_; }
+  size_t open_calls() const;
+
+ private:
+  friend struct GenerationCall;
+
+  void route(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
+             const std::string& endpoint);
+  bool authorized(const HttpRequest& request) const;
+  void reply(const std::shared_ptr<ResponseChannel>& channel, const std::string& endpoint, HttpResponse res);
+  void reply_error(const std::shared_ptr<ResponseChannel>& channel, const std::string& endpoint,
+                   http::status status, const std::string& message, const std::string& type,
+                   const std::string& param = {}, const std::string& code = {});
+  void handle_generation(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
+                         const std::string& endpoint, bool chat);
+  nlohmann::json model_card() const;
+  static std::string endpoint_label(std::string_view target);
+
+  Engine& engine_;
+  const ServerConfig& config_;
+  std::string model_id_;
+  std::vector<std::string> api_keys_;
+  int64_t created_ = 0;  // unix time the server started (reported as the model's "created")
+  ServerMetrics metrics_;
+  int64_t in_flight_ = 0;
+  bool draining_ = false;
+  uint64_t next_call_ = 1;
+  std::map<uint64_t, std::weak_ptr<GenerationCall>> calls_;
+};
+
+}  // namespace tessera::server

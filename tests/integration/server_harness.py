@@ -1,0 +1,126 @@
+"""Starts and stops a real `tessera serve` process for the server tests.
+
+The server binds port 0 and prints the address it got; the harness reads it from stderr.
+Tests skip (exit 77) when the real model or the Python client packages are missing, unless
+TESSERA_REQUIRE_MODEL=1 (scripts/test.sh sets it), where that is a failure.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+SOURCE_DIR = os.environ.get("TESSERA_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD_DIR = os.environ.get("TESSERA_BUILD_DIR", os.path.join(SOURCE_DIR, "build"))
+TESSERA = os.path.join(BUILD_DIR, "bin", "tessera")
+DEFAULT_STACK = os.path.join(SOURCE_DIR, "configs", "smollm2-cpu.yaml")
+SKIP = 77
+
+
+def skip_or_fail(reason):
+    if os.environ.get("TESSERA_REQUIRE_MODEL") == "1":
+        print(f"FAIL: {reason}", file=sys.stderr)
+        sys.exit(1)
+    print(f"skipped: {reason}")
+    sys.exit(SKIP)
+
+
+def require_environment(modules=("openai", "httpx")):
+    model_dir = os.environ.get("TESSERA_MODEL_DIR", os.path.expanduser("~/.cache/tessera/models"))
+    model = os.path.join(model_dir, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(model):
+        skip_or_fail(f"the real model is missing at {model} (run scripts/fetch-models.sh)")
+    for m in modules:
+        try:
+            __import__(m)
+        except ImportError:
+            skip_or_fail(f"Python package '{m}' is missing (run scripts/install-deps.sh)")
+    if not os.path.exists(TESSERA):
+        skip_or_fail(f"{TESSERA} is not built")
+
+
+class Server:
+    """A `tessera serve` on a free port with the default stack plus `server_yaml` overrides."""
+
+    def __init__(self, server_yaml="", env=None, name="server"):
+        self.dir = tempfile.mkdtemp(prefix=f"tessera-{name}-")
+        self.config = os.path.join(self.dir, "stack.yaml")
+        with open(self.config, "w") as f:
+            f.write(f"extends: {DEFAULT_STACK}\n")
+            if server_yaml:
+                f.write("server:\n")
+                for line in server_yaml.strip().splitlines():
+                    f.write(f"  {line}\n")
+        self.env = dict(os.environ, **(env or {}))
+        self.proc = None
+        self.port = None
+        self.stderr_lines = []
+
+    def start(self, timeout=120):
+        self.proc = subprocess.Popen([TESSERA, "serve", "--config", self.config, "--port", "0"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=self.env)
+        ready = threading.Event()
+
+        def pump():
+            for line in self.proc.stderr:
+                self.stderr_lines.append(line)
+                m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(timeout) or self.port is None:
+            self.proc.kill()
+            raise RuntimeError("server did not start:\n" + "".join(self.stderr_lines))
+        return self
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, timeout=30):
+        """SIGTERM, then the exit status (the server must exit 0 on a graceful shutdown)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+    def metrics(self):
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def metric(self, name):
+        m = re.search(rf"^{re.escape(name)} ([-+\d.e]+)$", self.metrics(), re.M)
+        return float(m.group(1)) if m else None
+
+    def wait_for_metric(self, name, value, timeout=20):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.metric(name) == value:
+                return True
+            time.sleep(0.1)
+        return False
+
+
+def run_tests(test_case_classes):
+    """Runs unittest cases and prints the closing 'N passed, N failed' line."""
+    import unittest
+    suite = unittest.TestSuite()
+    loader = unittest.TestLoader()
+    for cls in test_case_classes:
+        suite.addTests(loader.loadTestsFromTestCase(cls))
+    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+    failed = len(result.failures) + len(result.errors)
+    print(f"{result.testsRun - failed} passed, {failed} failed")
+    return 0 if failed == 0 else 1

@@ -1,0 +1,119 @@
+// The OpenAI request parser and the stop-string filter of `tessera serve`.
+#include <doctest/doctest.h>
+
+#include "server/openai_protocol.h"
+
+using nlohmann::json;
+using tessera::server::ApiError;
+using tessera::server::ApiKind;
+using tessera::server::parse_generation_request;
+using tessera::server::StopStringFilter;
+
+namespace {
+
+std::string run_filter(StopStringFilter& f, const std::vector<std::string>& pieces, std::vector<std::string>* released) {
+  std::string out;
+  for (const auto& p : pieces) {
+    std::string r = f.push(p);
+    released->push_back(r);
+    out += r;
+    if (f.matched()) return out;
+  }
+  return out + f.flush();
+}
+
+}  // namespace
+
+TEST_CASE("a stop string split across pieces is found, cut, and never released") {
+  StopStringFilter f({"STOP"});
+  std::vector<std::string> released;
+  const std::string out = run_filter(f, {"Hello S", "T", "OP and more"}, &released);
+  CHECK(out == "Hello ");
+  CHECK(f.matched());
+  // "S" and "ST" could begin the stop string, so they were held back, not streamed.
+  CHECK(released[0] == "Hello ");
+  CHECK(released[1].empty());
+  CHECK(f.released() == 6);
+}
+
+TEST_CASE("held-back text that turns out not to be a stop string is released") {
+  StopStringFilter f({"\n\n", "END"});
+  std::vector<std::string> released;
+  const std::string out = run_filter(f, {"a\n", "b E", "Nx", "!"}, &released);
+  CHECK(out == "a\nb ENx!");
+  CHECK_FALSE(f.matched());
+  CHECK(released[0] == "a");       // "\n" may start "\n\n"
+  CHECK(released[1] == "\nb ");    // "E" may start "END"
+}
+
+TEST_CASE("the earliest of several stop strings wins; no stops passes everything") {
+  StopStringFilter f({"world", "lo"});
+  std::vector<std::string> released;
+  CHECK(run_filter(f, {"hello world"}, &released) == "hel");
+  StopStringFilter none({});
+  CHECK(none.push("abc") == "abc");
+  CHECK(none.flush().empty());
+}
+
+TEST_CASE("completion requests: types, ranges and unsupported fields name the field") {
+  ApiError e;
+  auto ok = parse_generation_request(
+      json::parse(R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0.5,"stop":"x","n":2,
+                      "logprobs":3,"seed":-1,"unknown_field":{"a":1},"stream":true,
+                      "stream_options":{"include_usage":true}})"),
+      ApiKind::kCompletion, &e);
+  REQUIRE(ok);
+  CHECK(ok->params.max_tokens == 5);
+  CHECK(ok->max_tokens_given);
+  CHECK(ok->n == 2);
+  CHECK(ok->stop == std::vector<std::string>{"x"});
+  CHECK(ok->logprobs);
+  CHECK(ok->top_logprobs == 3);
+  CHECK(ok->params.has_seed);
+  CHECK(ok->include_usage);
+
+  struct Bad { const char* body; const char* param; };
+  for (const Bad& b : {Bad{R"({"model":"m","prompt":"hi","max_tokens":"5"})", "max_tokens"},
+                       Bad{R"({"model":"m","prompt":"hi","max_tokens":0})", "max_tokens"},
+                       Bad{R"({"model":"m","prompt":"hi","temperature":9})", "temperature"},
+                       Bad{R"({"model":"m","prompt":"hi","stop":[1]})", "stop"},
+                       Bad{R"({"model":"m","prompt":"hi","n":0})", "n"},
+                       Bad{R"({"model":"m","prompt":"hi","logprobs":true})", "logprobs"},
+                       Bad{R"({"model":"m","prompt":"hi","echo":true})", "echo"},
+                       Bad{R"({"model":"m","prompt":"hi","stream_options":{"include_usage":true}})", "stream_options"},
+                       Bad{R"({"model":"m","prompt":["a","b"]})", "prompt"},
+                       Bad{R"({"model":3,"prompt":"hi"})", "model"},
+                       Bad{R"({"prompt":"hi"})", "model"}}) {
+    CAPTURE(b.body);
+    ApiError err;
+    CHECK_FALSE(parse_generation_request(json::parse(b.body), ApiKind::kCompletion, &err));
+    CHECK(err.param == b.param);
+    CHECK(err.message.rfind(b.param, 0) == 0);
+  }
+}
+
+TEST_CASE("chat requests: messages, content parts, chat-style logprobs") {
+  ApiError e;
+  auto ok = parse_generation_request(
+      json::parse(R"({"model":"m","messages":[{"role":"developer","content":"be brief"},
+                      {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
+                      "max_completion_tokens":7,"logprobs":true,"top_logprobs":2})"),
+      ApiKind::kChat, &e);
+  REQUIRE(ok);
+  REQUIRE(ok->messages.size() == 2);
+  CHECK(ok->messages[0].role == "system");
+  CHECK(ok->messages[1].content == "ab");
+  CHECK(ok->params.max_tokens == 7);
+  CHECK(ok->params.num_logprobs == 2);
+
+  ApiError err;
+  CHECK_FALSE(parse_generation_request(json::parse(R"({"model":"m","messages":[]})"), ApiKind::kChat, &err));
+  CHECK(err.param == "messages");
+  CHECK_FALSE(parse_generation_request(json::parse(R"({"model":"m","messages":[{"role":"user"}]})"),
+                                       ApiKind::kChat, &err));
+  CHECK(err.param == "messages[0].content");
+  CHECK_FALSE(parse_generation_request(
+      json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})"), ApiKind::kChat,
+      &err));
+  CHECK(err.param == "top_logprobs");
+}
