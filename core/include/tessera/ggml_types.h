@@ -57,6 +57,16 @@ bool has_vec_dot(GgmlType weight_type);
 float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const void* x);
 // The scalar reference the SIMD paths are tested against.
 float vec_dot_scalar(GgmlType weight_type, int64_t n, const void* weight_row, const void* x);
+// A tile of dots: y[t * y_stride + r] = vec_dot(weight row r, activation row t) for
+// r < w_rows, t < x_rows, rows w_stride / x_stride bytes apart. Each element is bit-identical
+// to vec_dot of the same pair (the tile only shares loads and scale conversions between
+// elements), so a matmul may use any tiling without changing its results.
+void vec_dot_tile(GgmlType weight_type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
+                  const void* x, size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+// The same over vec_dot_scalar, element by element.
+void vec_dot_tile_scalar(GgmlType weight_type, int64_t n, const void* w, size_t w_stride,
+                         int64_t w_rows, const void* x, size_t x_stride, int64_t x_rows, float* y,
+                         int64_t y_stride);
 // True when the running CPU has AVX2+FMA+F16C and the SIMD kernels are compiled in.
 bool cpu_has_avx2();
 

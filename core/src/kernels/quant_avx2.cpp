@@ -9,6 +9,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "quant_blocks.h"
 
 // ggml is C compiled in ISO mode, where GCC does not fuse a*b+c into an FMA; GCC's C++ default
@@ -172,6 +174,158 @@ float vec_dot_f32_avx2(int64_t n, const void* w, const void* xv) {
   double sumf = reduce_4x8(sum);
   for (int64_t i = np; i < n; ++i) sumf += static_cast<double>(x[i] * y[i]);
   return static_cast<float>(sumf);
+}
+
+// ---- tiles: several weight rows x several activation rows per pass -----------------------
+//
+// Every output element of a tile is computed with exactly the operation sequence of the
+// matching vec_dot_*_avx2 above (same per-block integer products, the same scalar scale
+// product broadcast into one FMA per block into its own 8-lane accumulator, the same final
+// horizontal sum), so y[t][r] is bit-identical to vec_dot(w_r, x_t). What the tile saves is
+// work shared between elements: each weight block is unpacked once for all T activation rows
+// and each activation block is loaded once for all R weight rows, and their fp16 scales are
+// converted once.
+
+namespace {
+
+template <int R, int T>
+void tile_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x,
+                    size_t x_stride, float* y, int64_t y_stride) {
+  __m256 acc[R][T];
+  float summs[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      summs[r][t] = 0.0f;
+    }
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    __m256i qx[R];
+    float d0[R], m0[R];
+    for (int r = 0; r < R; ++r) {
+      const auto* b = reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) + ib;
+      d0[r] = half_to_float(b->d);
+      m0[r] = half_to_float(b->m);
+      qx[r] = bytes_from_nibbles_32(b->qs);
+    }
+    for (int t = 0; t < T; ++t) {
+      const auto* b = reinterpret_cast<const BlockQ8_1*>(x + t * x_stride) + ib;
+      const float d1 = half_to_float(b->d);
+      const float s1 = half_to_float(b->s);
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+      for (int r = 0; r < R; ++r) {
+        summs[r][t] += m0[r] * s1;
+        const __m256 d0d1 = _mm256_mul_ps(_mm256_set1_ps(d0[r]), _mm256_set1_ps(d1));
+        const __m256 xy = mul_sum_us8_pairs_float(qx[r], qy);
+        acc[r][t] = _mm256_fmadd_ps(d0d1, xy, acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum_float_8(acc[r][t]) + summs[r][t];
+}
+
+// Q4_0 and Q8_0 weights against Q8_0 activations differ only in how a weight block becomes
+// 32 signed bytes.
+template <class Block>
+inline __m256i signed_weight_bytes(const Block* b);
+template <>
+inline __m256i signed_weight_bytes<BlockQ4_0>(const BlockQ4_0* b) {
+  return _mm256_sub_epi8(bytes_from_nibbles_32(b->qs), _mm256_set1_epi8(8));
+}
+template <>
+inline __m256i signed_weight_bytes<BlockQ8_0>(const BlockQ8_0* b) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+}
+
+template <class Block, int R, int T>
+void tile_x_q8_0(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x,
+                 size_t x_stride, float* y, int64_t y_stride) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    __m256i ax[R], qx[R];
+    float d0[R];
+    for (int r = 0; r < R; ++r) {
+      const auto* b = reinterpret_cast<const Block*>(w + r * w_stride) + ib;
+      d0[r] = half_to_float(b->d);
+      qx[r] = signed_weight_bytes(b);
+      ax[r] = _mm256_sign_epi8(qx[r], qx[r]);
+    }
+    for (int t = 0; t < T; ++t) {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(x + t * x_stride) + ib;
+      const float d1 = half_to_float(b->d);
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+      for (int r = 0; r < R; ++r) {
+        const __m256 d = _mm256_set1_ps(d0[r] * d1);
+        const __m256 q = mul_sum_us8_pairs_float(ax[r], _mm256_sign_epi8(qy, qx[r]));
+        acc[r][t] = _mm256_fmadd_ps(d, q, acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum_float_8(acc[r][t]);
+}
+
+using TileFn = void (*)(int64_t, const uint8_t*, size_t, const uint8_t*, size_t, float*, int64_t);
+
+// Weight rows per tile, and the tile functions for 1..kTileT activation rows.
+constexpr int kTileR = 2;
+constexpr int kTileT = 4;
+
+template <int R, int T>
+struct Q41 {
+  static constexpr TileFn fn = &tile_q4_1_q8_1<R, T>;
+};
+template <int R, int T>
+struct Q40 {
+  static constexpr TileFn fn = &tile_x_q8_0<BlockQ4_0, R, T>;
+};
+template <int R, int T>
+struct Q80 {
+  static constexpr TileFn fn = &tile_x_q8_0<BlockQ8_0, R, T>;
+};
+
+template <template <int, int> class K>
+void run_tiles(int64_t n, const uint8_t* w, size_t w_stride, int64_t w_rows, const uint8_t* x,
+               size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
+  static constexpr TileFn full[kTileT] = {K<kTileR, 1>::fn, K<kTileR, 2>::fn, K<kTileR, 3>::fn,
+                                          K<kTileR, 4>::fn};
+  static constexpr TileFn single[kTileT] = {K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn, K<1, 4>::fn};
+  const int64_t nb = n / 32;
+  // Activation rows outermost in chunks of kTileT, so a chunk's quantized rows (a few KiB)
+  // stay in L1 while the weight rows stream past.
+  for (int64_t t0 = 0; t0 < x_rows; t0 += kTileT) {
+    const int tt = static_cast<int>(std::min<int64_t>(kTileT, x_rows - t0));
+    const uint8_t* xt = x + t0 * x_stride;
+    float* yt = y + t0 * y_stride;
+    int64_t r = 0;
+    for (; r + kTileR <= w_rows; r += kTileR)
+      full[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, yt + r, y_stride);
+    for (; r < w_rows; ++r) single[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, yt + r, y_stride);
+  }
+}
+
+}  // namespace
+
+bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
+                       const void* x, size_t x_stride, int64_t x_rows, float* y,
+                       int64_t y_stride) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  switch (type) {
+    case kTileQ4_1:
+      run_tiles<Q41>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      return true;
+    case kTileQ4_0:
+      run_tiles<Q40>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      return true;
+    case kTileQ8_0:
+      run_tiles<Q80>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace tessera::kernels

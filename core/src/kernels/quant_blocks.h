@@ -65,4 +65,14 @@ float vec_dot_q8_0_q8_0_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_f16_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_f32_avx2(int64_t n, const void* w, const void* x);
 
+// Tile kernel: y[t * y_stride + r] = vec_dot(weight row r, activation row t) for r < w_rows,
+// t < x_rows, each element bit-identical to the single-dot kernel of its type. Returns false
+// (computing nothing) for a type without a tile kernel.
+inline constexpr int kTileQ4_0 = 2;
+inline constexpr int kTileQ4_1 = 3;
+inline constexpr int kTileQ8_0 = 8;
+bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
+                       const void* x, size_t x_stride, int64_t x_rows, float* y,
+                       int64_t y_stride);
+
 }  // namespace tessera::kernels
