@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "quant_blocks.h"
 
@@ -188,40 +189,56 @@ float vec_dot_f32_avx2(int64_t n, const void* w, const void* xv) {
 
 namespace {
 
+// Activation scales of one chunk of up to kTileT activation rows, converted from fp16 once per
+// chunk: for block ib, xsc[8 * ib + t] = d of row t and xsc[8 * ib + 4 + t] = s of row t (Q8_1;
+// unused for Q8_0). Lanes of missing rows are 0.
+constexpr int kTileT = 4;
+
+// The fp16 pair (d, m) or (d, s) at p as floats in lanes 0 and 1.
+inline __m128 half_pair(const uint16_t* p) {
+  int32_t bits;
+  __builtin_memcpy(&bits, p, sizeof bits);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+}
+
+// Per weight row r, the 4 products d_w(r) * d_x(t) of a block go to dd[4r..4r+3] (each the
+// same float product vec_dot forms) and are broadcast back from memory into the FMA; this
+// keeps the multiply-and-broadcast work off the ports the integer dot uses.
 template <int R, int T>
 void tile_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x,
-                    size_t x_stride, float* y, int64_t y_stride) {
+                    size_t x_stride, const float* xsc, float* y, int64_t y_stride) {
   __m256 acc[R][T];
-  float summs[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      summs[r][t] = 0.0f;
-    }
+  __m128 summs[R];  // lane t: the min terms m_w * s_x of row t, summed in block order
+  for (int r = 0; r < R; ++r) {
+    summs[r] = _mm_setzero_ps();
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  alignas(16) float dd[R * 4];
   for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m128 xd = _mm_load_ps(xsc + 8 * ib);
+    const __m128 xs = _mm_load_ps(xsc + 8 * ib + 4);
     __m256i qx[R];
-    float d0[R], m0[R];
     for (int r = 0; r < R; ++r) {
       const auto* b = reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) + ib;
-      d0[r] = half_to_float(b->d);
-      m0[r] = half_to_float(b->m);
+      const __m128 dm = half_pair(&b->d);
+      _mm_store_ps(dd + 4 * r, _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x00), xd));
+      summs[r] = _mm_add_ps(summs[r], _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x55), xs));
       qx[r] = bytes_from_nibbles_32(b->qs);
     }
     for (int t = 0; t < T; ++t) {
       const auto* b = reinterpret_cast<const BlockQ8_1*>(x + t * x_stride) + ib;
-      const float d1 = half_to_float(b->d);
-      const float s1 = half_to_float(b->s);
       const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
       for (int r = 0; r < R; ++r) {
-        summs[r][t] += m0[r] * s1;
-        const __m256 d0d1 = _mm256_mul_ps(_mm256_set1_ps(d0[r]), _mm256_set1_ps(d1));
         const __m256 xy = mul_sum_us8_pairs_float(qx[r], qy);
-        acc[r][t] = _mm256_fmadd_ps(d0d1, xy, acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(dd + 4 * r + t), xy, acc[r][t]);
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum_float_8(acc[r][t]) + summs[r][t];
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float m[4];
+    _mm_store_ps(m, summs[r]);
+    for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum_float_8(acc[r][t]) + m[t];
+  }
 }
 
 // Q4_0 and Q8_0 weights against Q8_0 activations differ only in how a weight block becomes
@@ -239,27 +256,26 @@ inline __m256i signed_weight_bytes<BlockQ8_0>(const BlockQ8_0* b) {
 
 template <class Block, int R, int T>
 void tile_x_q8_0(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x,
-                 size_t x_stride, float* y, int64_t y_stride) {
+                 size_t x_stride, const float* xsc, float* y, int64_t y_stride) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  alignas(16) float dd[R * 4];
   for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m128 xd = _mm_load_ps(xsc + 8 * ib);
     __m256i ax[R], qx[R];
-    float d0[R];
     for (int r = 0; r < R; ++r) {
       const auto* b = reinterpret_cast<const Block*>(w + r * w_stride) + ib;
-      d0[r] = half_to_float(b->d);
+      _mm_store_ps(dd + 4 * r, _mm_mul_ps(_mm_set1_ps(half_to_float(b->d)), xd));
       qx[r] = signed_weight_bytes(b);
       ax[r] = _mm256_sign_epi8(qx[r], qx[r]);
     }
     for (int t = 0; t < T; ++t) {
       const auto* b = reinterpret_cast<const BlockQ8_0*>(x + t * x_stride) + ib;
-      const float d1 = half_to_float(b->d);
       const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
       for (int r = 0; r < R; ++r) {
-        const __m256 d = _mm256_set1_ps(d0[r] * d1);
         const __m256 q = mul_sum_us8_pairs_float(ax[r], _mm256_sign_epi8(qy, qx[r]));
-        acc[r][t] = _mm256_fmadd_ps(d, q, acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(dd + 4 * r + t), q, acc[r][t]);
       }
     }
   }
@@ -267,11 +283,11 @@ void tile_x_q8_0(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x
     for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum_float_8(acc[r][t]);
 }
 
-using TileFn = void (*)(int64_t, const uint8_t*, size_t, const uint8_t*, size_t, float*, int64_t);
+using TileFn = void (*)(int64_t, const uint8_t*, size_t, const uint8_t*, size_t, const float*,
+                        float*, int64_t);
 
-// Weight rows per tile, and the tile functions for 1..kTileT activation rows.
+// Weight rows per tile; the tile functions exist for 1..kTileT activation rows.
 constexpr int kTileR = 2;
-constexpr int kTileT = 4;
 
 template <int R, int T>
 struct Q41 {
@@ -286,23 +302,49 @@ struct Q80 {
   static constexpr TileFn fn = &tile_x_q8_0<BlockQ8_0, R, T>;
 };
 
-template <template <int, int> class K>
+// Fills xsc (see above) for activation rows [0, tt) of a chunk.
+template <class XBlock>
+void chunk_scales(int64_t nb, const uint8_t* x, size_t x_stride, int tt, float* xsc) {
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    float* o = xsc + 8 * ib;
+    for (int t = 0; t < kTileT; ++t) {
+      if (t < tt) {
+        const auto* b = reinterpret_cast<const XBlock*>(x + t * x_stride) + ib;
+        o[t] = half_to_float(b->d);
+        if constexpr (sizeof(XBlock) == sizeof(BlockQ8_1)) {
+          o[4 + t] = half_to_float(reinterpret_cast<const BlockQ8_1*>(b)->s);
+        } else {
+          o[4 + t] = 0.0f;
+        }
+      } else {
+        o[t] = o[4 + t] = 0.0f;
+      }
+    }
+  }
+}
+
+template <template <int, int> class K, class XBlock>
 void run_tiles(int64_t n, const uint8_t* w, size_t w_stride, int64_t w_rows, const uint8_t* x,
                size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
   static constexpr TileFn full[kTileT] = {K<kTileR, 1>::fn, K<kTileR, 2>::fn, K<kTileR, 3>::fn,
                                           K<kTileR, 4>::fn};
   static constexpr TileFn single[kTileT] = {K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn, K<1, 4>::fn};
   const int64_t nb = n / 32;
+  thread_local std::vector<float> scales;
+  if (scales.size() < static_cast<size_t>(8 * nb)) scales.resize(static_cast<size_t>(8 * nb));
+  float* xsc = scales.data();
   // Activation rows outermost in chunks of kTileT, so a chunk's quantized rows (a few KiB)
   // stay in L1 while the weight rows stream past.
   for (int64_t t0 = 0; t0 < x_rows; t0 += kTileT) {
     const int tt = static_cast<int>(std::min<int64_t>(kTileT, x_rows - t0));
     const uint8_t* xt = x + t0 * x_stride;
     float* yt = y + t0 * y_stride;
+    chunk_scales<XBlock>(nb, xt, x_stride, tt, xsc);
     int64_t r = 0;
     for (; r + kTileR <= w_rows; r += kTileR)
-      full[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, yt + r, y_stride);
-    for (; r < w_rows; ++r) single[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, yt + r, y_stride);
+      full[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, xsc, yt + r, y_stride);
+    for (; r < w_rows; ++r)
+      single[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, xsc, yt + r, y_stride);
   }
 }
 
@@ -315,13 +357,13 @@ bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int6
   const auto* xb = static_cast<const uint8_t*>(x);
   switch (type) {
     case kTileQ4_1:
-      run_tiles<Q41>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      run_tiles<Q41, BlockQ8_1>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
       return true;
     case kTileQ4_0:
-      run_tiles<Q40>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      run_tiles<Q40, BlockQ8_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
       return true;
     case kTileQ8_0:
-      run_tiles<Q80>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      run_tiles<Q80, BlockQ8_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
       return true;
     default:
       return false;
