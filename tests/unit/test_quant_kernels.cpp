@@ -616,3 +616,24 @@ TEST_CASE("vec_dot_tile equals vec_dot element by element, bit for bit") {
     }
   }
 }
+
+TEST_CASE("quantize_activation_row (dispatched) writes the scalar reference's bytes") {
+  // Random rows at several scales, an all-zero block, and values whose quotient x * 127/amax
+  // lands exactly on .5 (round half to even must agree).
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q8_1}) {
+    for (uint32_t seed = 0; seed < 20; ++seed) {
+      const int64_t n = 32 * (1 + seed % 7) * 16;
+      std::vector<float> x = random_floats(n, 500 + seed, seed % 3 == 0 ? 1e-3f : 4.0f);
+      for (int j = 0; j < 32; ++j) x[j] = 0.0f;
+      for (int j = 0; j < 32; ++j) x[32 + j] = static_cast<float>(j - 16) + 0.5f;  // amax 16.5 -> halves
+      x[64] = -0.0f;
+      const size_t bytes = tessera::ggml_row_size(t, n);
+      std::vector<uint8_t> a(bytes), b(bytes);
+      REQUIRE(tessera::quantize_activation_row(t, x.data(), a.data(), n));
+      REQUIRE(tessera::quantize_activation_row_scalar(t, x.data(), b.data(), n));
+      CAPTURE(tessera::ggml_type_name(t));
+      CAPTURE(seed);
+      CHECK(a == b);
+    }
+  }
+}

@@ -43,6 +43,9 @@ bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 // 127/amax and values round half to even, which differs from quantize_row's reference
 // rounding in the last bit of some elements. Matching it keeps logits close to llama.cpp's.
 bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t n);
+// The portable version the AVX2 one (used by quantize_activation_row when the CPU has it) is
+// tested against; both write the same bytes.
+bool quantize_activation_row_scalar(GgmlType type, const float* src, void* dst, int64_t n);
 
 // exp(x) as llama.cpp's x86 CPU backend computes it in softmax and SiLU (a vectorized
 // polynomial within 1.5 ulp + 0.5 of expf), evaluated per element. See ggml_math.cpp.

@@ -241,6 +241,35 @@ void tile_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t
   }
 }
 
+// One activation row (decode): the fp16 pairs (d_w, m_w) and (d_x, s_x) are widened together
+// and multiplied in one instruction, giving d_w * d_x in lane 0 (broadcast into the FMA) and
+// m_w * s_x in lane 1, which is summed in block order in lane 1 of `summs` (lane 0 there is
+// never read). Same products, same order as vec_dot_q4_1_q8_1_avx2.
+template <int R>
+void row_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x, float* y,
+                   int64_t) {
+  __m256 acc[R];
+  __m128 summs[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    summs[r] = _mm_setzero_ps();
+  }
+  const auto* xb = reinterpret_cast<const BlockQ8_1*>(x);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m128 ds = half_pair(&xb[ib].d);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[ib].qs));
+    for (int r = 0; r < R; ++r) {
+      const auto* b = reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) + ib;
+      const __m128 prod = _mm_mul_ps(half_pair(&b->d), ds);
+      summs[r] = _mm_add_ps(summs[r], prod);
+      const __m256 xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(b->qs), qy);
+      acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), xy, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    y[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[r]));
+}
+
 // Q4_0 and Q8_0 weights against Q8_0 activations differ only in how a weight block becomes
 // 32 signed bytes.
 template <class Block>
@@ -339,8 +368,15 @@ void run_tiles(int64_t n, const uint8_t* w, size_t w_stride, int64_t w_rows, con
     const int tt = static_cast<int>(std::min<int64_t>(kTileT, x_rows - t0));
     const uint8_t* xt = x + t0 * x_stride;
     float* yt = y + t0 * y_stride;
-    chunk_scales<XBlock>(nb, xt, x_stride, tt, xsc);
     int64_t r = 0;
+    if constexpr (sizeof(XBlock) == sizeof(BlockQ8_1)) {
+      if (tt == 1) {  // decode: the one-row kernel needs no scale table
+        for (; r + 4 <= w_rows; r += 4) row_q4_1_q8_1<4>(nb, w + r * w_stride, w_stride, xt, yt + r, 0);
+        for (; r < w_rows; ++r) row_q4_1_q8_1<1>(nb, w + r * w_stride, w_stride, xt, yt + r, 0);
+        continue;
+      }
+    }
+    chunk_scales<XBlock>(nb, xt, x_stride, tt, xsc);
     for (; r + kTileR <= w_rows; r += kTileR)
       full[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, xsc, yt + r, y_stride);
     for (; r < w_rows; ++r)
@@ -349,6 +385,59 @@ void run_tiles(int64_t n, const uint8_t* w, size_t w_stride, int64_t w_rows, con
 }
 
 }  // namespace
+
+void quantize_activations_q8_avx2(const float* x, void* y, int64_t n, bool q8_1,
+                                  uint16_t (*to_half)(float)) {
+  // Per block of 32: amax, d = amax / 127, id = 127 / amax (0 for an all-zero block), then
+  // q = round-half-even(x * id) — the scalar reference's operations, 8 lanes at a time (the
+  // max is exact in any order). The fp16 scales go through the caller's converter.
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const int64_t nb = n / 32;
+  const size_t block_bytes = q8_1 ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
+  auto* out = static_cast<uint8_t*>(y);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const float* xb = x + ib * 32;
+    __m256 v[4];
+    __m256 maxv = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(xb + 8 * k);
+      maxv = _mm256_max_ps(maxv, _mm256_andnot_ps(sign_bit, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_extractf128_ps(maxv, 1), _mm256_castps256_ps128(maxv));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float amax = _mm_cvtss_f32(m);
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 mul = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k)
+      q[k] = _mm256_cvtps_epi32(
+          _mm256_round_ps(_mm256_mul_ps(v[k], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    uint8_t* blk = out + ib * block_bytes;
+    int8_t* qs = reinterpret_cast<int8_t*>(blk + (q8_1 ? 4 : 2));
+    // Pack 32 int32 -> 32 int8 (values are within [-127, 127], so saturation never applies),
+    // then undo the 128-bit lane interleave of the packs.
+    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p = _mm256_packs_epi16(p01, p23);
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), p);
+    const uint16_t dh = to_half(d);
+    __builtin_memcpy(blk, &dh, sizeof dh);
+    if (q8_1) {
+      // Sum of the 32 quants (exact in int32).
+      const __m256i s16 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                                              _mm256_packs_epi32(q[2], q[3])),
+                                            _mm256_set1_epi16(1));
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+      const uint16_t sh = to_half(d * static_cast<float>(_mm_cvtsi128_si32(s)));
+      __builtin_memcpy(blk + 2, &sh, sizeof sh);
+    }
+  }
+}
 
 bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
                        const void* x, size_t x_stride, int64_t x_rows, float* y,

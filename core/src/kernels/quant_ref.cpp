@@ -548,7 +548,7 @@ void vec_dot_tile(GgmlType weight_type, int64_t n, const void* w, size_t w_strid
   vec_dot_tile_scalar(weight_type, n, w, w_stride, w_rows, x, x_stride, x_rows, y, y_stride);
 }
 
-bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t n) {
+bool quantize_activation_row_scalar(GgmlType type, const float* src, void* dst, int64_t n) {
   switch (type) {
     case GgmlType::Q8_0:
       quantize_activations_q8(src, static_cast<BlockQ8_0*>(dst), n, false);
@@ -556,6 +556,22 @@ bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t
     case GgmlType::Q8_1:
       quantize_activations_q8(src, static_cast<BlockQ8_1*>(dst), n, true);
       return true;
+    default:
+      return quantize_row(type, src, dst, n);
+  }
+}
+
+bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::Q8_0:
+    case GgmlType::Q8_1:
+#if defined(__x86_64__) || defined(__i386__)
+      if (cpu_has_avx2()) {
+        kernels::quantize_activations_q8_avx2(src, dst, n, type == GgmlType::Q8_1, &fp32_to_fp16);
+        return true;
+      }
+#endif
+      return quantize_activation_row_scalar(type, src, dst, n);
     default:
       return quantize_row(type, src, dst, n);  // F16/F32 conversions already match
   }
