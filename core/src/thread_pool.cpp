@@ -15,12 +15,21 @@ namespace tessera {
 
 namespace {
 
-inline void cpu_relax() {
+// Busy-wait step `spin` of a waiter: a pause for the first kPauseIterations steps (the next
+// job or the other ranges usually arrive within microseconds on an idle machine), then
+// sched_yield, which costs a fast syscall when the core is otherwise idle but hands the core
+// to another runnable thread (often the very thread being waited for) when the machine is
+// oversubscribed, where pure spinning would burn the time slice it waits on.
+constexpr int kPauseIterations = 256;
+
+inline void cpu_relax(int spin) {
 #if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
+  if (spin < kPauseIterations) {
+    _mm_pause();
+    return;
+  }
 #endif
+  std::this_thread::yield();
 }
 
 // Sleeps while *word == expected (spurious returns are fine: callers re-check).
@@ -42,10 +51,10 @@ inline void futex_wake_all(std::atomic<uint32_t>* word) {
 #endif
 }
 
-// Pause iterations before a waiter falls back to a futex sleep. A pause is ~40-140 cycles on
-// current x86 cores, so this is roughly 50-200 microseconds: longer than the gap between two
-// parallel_for calls of one forward pass, short enough that an idle engine soon sleeps.
-constexpr int kSpinIterations = 1 << 12;
+// Busy-wait steps before a waiter falls back to a futex sleep: a few hundred microseconds,
+// longer than the gap between two parallel_for calls of one forward pass, short enough that
+// an idle engine soon sleeps.
+constexpr int kSpinIterations = 1 << 11;
 
 }  // namespace
 
@@ -92,7 +101,7 @@ void ThreadPool::parallel_for(int64_t n, RangeFn fn, void* context) {
     const uint32_t left = pending_.load(std::memory_order_acquire);
     if (left == 0) return;
     if (spin < kSpinIterations) {
-      cpu_relax();
+      cpu_relax(spin);
       continue;
     }
     caller_sleeping_.store(1, std::memory_order_seq_cst);
@@ -107,7 +116,7 @@ void ThreadPool::worker_loop(int index) {
     uint32_t gen = generation_.load(std::memory_order_acquire);
     for (int spin = 0; gen == seen; ++spin) {
       if (spin < kSpinIterations) {
-        cpu_relax();
+        cpu_relax(spin);
       } else {
         sleeping_workers_.fetch_add(1, std::memory_order_seq_cst);
         if (generation_.load(std::memory_order_seq_cst) == seen) futex_wait(&generation_, seen);
