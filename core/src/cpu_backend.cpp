@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 
+#include "tessera/cpu_kernels.h"
 #include "tessera/ggml_types.h"
 
 namespace tessera {
@@ -41,45 +42,18 @@ void CpuBackend::rms_norm(float* out, const float* in, const float* weight, int6
 
 void CpuBackend::rope(float* x, const int32_t* positions, int64_t rows, int32_t num_heads,
                       const RopeParams& p) {
-  const int32_t head_dim = p.head_dim;
-  const int32_t rot = p.rotary_dim;
   // theta_i = pos * base^(-2i/rot), built by repeated multiplication in float exactly like
   // ggml's rope so positions far into the context round the same way.
-  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(rot));
-  pool_.run(rows, [&](int64_t begin, int64_t end, int) {
-    for (int64_t r = begin; r < end; ++r) {
-      float* row = x + r * num_heads * head_dim;
-      float theta = static_cast<float>(positions[r]) * p.freq_scale;
-      for (int32_t i0 = 0; i0 < rot; i0 += 2) {
-        const float c = std::cos(theta);
-        const float s = std::sin(theta);
-        theta *= theta_scale;
-        for (int32_t h = 0; h < num_heads; ++h) {
-          float* v = row + h * head_dim;
-          // Adjacent pairs (GGUF Llama) or the two halves (NeoX/Qwen2 style).
-          const int32_t a = p.neox ? i0 / 2 : i0;
-          const int32_t b = p.neox ? i0 / 2 + rot / 2 : i0 + 1;
-          const float x0 = v[a];
-          const float x1 = v[b];
-          // Contracted exactly as GCC compiles ggml's rotate_pairs (x0*c - x1*s becomes
-          // fma(x0, c, -(x1*s))), so rotated values match llama.cpp's to the last bit.
-          v[a] = std::fma(x0, c, -(x1 * s));
-          v[b] = std::fma(x0, s, x1 * c);
-        }
-      }
-    }
-  });
+  const RopeRowsArgs args{x,          positions, num_heads, p.head_dim, p.rotary_dim,
+                          p.neox,     p.freq_scale,
+                          std::pow(p.freq_base, -2.0f / static_cast<float>(p.rotary_dim))};
+  pool_.run(rows, [&](int64_t begin, int64_t end, int) { rope_rows(args, begin, end); });
 }
 
 void CpuBackend::silu_mul(float* gate, const float* up, int64_t n) {
   // llama.cpp's SwiGLU uses its vectorized exp on whole groups of 8 and libm's expf on the
   // tail; the FFN width is a multiple of 8 in every supported model, so ggml_expf throughout.
-  pool_.run(n, [&](int64_t begin, int64_t end, int) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float g = gate[i];
-      gate[i] = g / (1.0f + ggml_expf(-g)) * up[i];
-    }
-  });
+  pool_.run(n, [&](int64_t begin, int64_t end, int) { silu_mul_range(gate, up, begin, end); });
 }
 
 void CpuBackend::add(float* inout, const float* x, int64_t n) {

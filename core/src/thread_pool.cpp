@@ -2,7 +2,61 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace tessera {
+
+namespace {
+
+// Busy-wait step `spin` of a waiter: a pause for the first kPauseIterations steps (the next
+// job or the other ranges usually arrive within microseconds on an idle machine), then
+// sched_yield, which costs a fast syscall when the core is otherwise idle but hands the core
+// to another runnable thread (often the very thread being waited for) when the machine is
+// oversubscribed, where pure spinning would burn the time slice it waits on.
+constexpr int kPauseIterations = 256;
+
+inline void cpu_relax(int spin) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (spin < kPauseIterations) {
+    _mm_pause();
+    return;
+  }
+#endif
+  std::this_thread::yield();
+}
+
+// Sleeps while *word == expected (spurious returns are fine: callers re-check).
+inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr,
+          nullptr, 0);
+#else
+  word->wait(expected, std::memory_order_seq_cst);
+#endif
+}
+
+inline void futex_wake_all(std::atomic<uint32_t>* word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
+          nullptr, 0);
+#else
+  word->notify_all();
+#endif
+}
+
+// Busy-wait steps before a waiter falls back to a futex sleep: a few hundred microseconds,
+// longer than the gap between two parallel_for calls of one forward pass, short enough that
+// an idle engine soon sleeps.
+constexpr int kSpinIterations = 1 << 11;
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -11,11 +65,9 @@ ThreadPool::ThreadPool(int num_threads) {
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  work_ready_.notify_all();
+  stopping_.store(true, std::memory_order_seq_cst);
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&generation_);
   for (auto& t : workers_) t.join();
 }
 
@@ -34,34 +86,51 @@ void ThreadPool::parallel_for(int64_t n, RangeFn fn, void* context) {
     fn(context, 0, n, 0);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_n_ = n;
-    job_fn_ = fn;
-    job_context_ = context;
-    pending_ = num_threads_ - 1;
-    ++generation_;
-  }
-  work_ready_.notify_all();
+  // The previous job has fully completed (pending_ reached 0 before it returned), so no
+  // worker reads the job fields while they are rewritten here.
+  job_n_ = n;
+  job_fn_ = fn;
+  job_context_ = context;
+  pending_.store(static_cast<uint32_t>(num_threads_ - 1), std::memory_order_relaxed);
+  // seq_cst pairs with the workers' sleeping_workers_ increment: either we see a sleeper and
+  // wake it, or the sleeper sees the new generation before it sleeps.
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleeping_workers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&generation_);
   run_range(0);
-  std::unique_lock<std::mutex> lock(mutex_);
-  work_done_.wait(lock, [this] { return pending_ == 0; });
+  for (int spin = 0;; ++spin) {
+    const uint32_t left = pending_.load(std::memory_order_acquire);
+    if (left == 0) return;
+    if (spin < kSpinIterations) {
+      cpu_relax(spin);
+      continue;
+    }
+    caller_sleeping_.store(1, std::memory_order_seq_cst);
+    if (pending_.load(std::memory_order_seq_cst) == left) futex_wait(&pending_, left);
+    caller_sleeping_.store(0, std::memory_order_relaxed);
+  }
 }
 
 void ThreadPool::worker_loop(int index) {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
+    uint32_t gen = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; gen == seen; ++spin) {
+      if (spin < kSpinIterations) {
+        cpu_relax(spin);
+      } else {
+        sleeping_workers_.fetch_add(1, std::memory_order_seq_cst);
+        if (generation_.load(std::memory_order_seq_cst) == seen) futex_wait(&generation_, seen);
+        sleeping_workers_.fetch_sub(1, std::memory_order_relaxed);
+        spin = 0;
+      }
+      gen = generation_.load(std::memory_order_acquire);
     }
+    seen = gen;
+    if (stopping_.load(std::memory_order_acquire)) return;
     run_range(index);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) work_done_.notify_one();
-    }
+    if (pending_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+        caller_sleeping_.load(std::memory_order_seq_cst) != 0)
+      futex_wake_all(&pending_);
   }
 }
 

@@ -561,3 +561,79 @@ TEST_CASE("vec_dot (AVX2) F16/F32 tails and extreme quants") {
   CHECK(tessera::vec_dot(GgmlType::Q4_1, n, w41.data(), x81.data()) ==
         tessera::vec_dot_scalar(GgmlType::Q4_1, n, w41.data(), x81.data()));
 }
+
+TEST_CASE("vec_dot_tile equals vec_dot element by element, bit for bit") {
+  // The tiled matmul shares loads between output elements but keeps each element's operation
+  // sequence, so every tile shape (incl. partial tiles at the row and token edges) must give
+  // exactly vec_dot's bits — on the AVX2 path and on the scalar one.
+  std::mt19937 rng(99);
+  for (GgmlType t : kDotTypes) {
+    for (int64_t n : {32, 64, 576, 1536}) {
+      for (int64_t rows : {1, 2, 3, 5, 16}) {
+        for (int64_t tokens : {1, 2, 3, 4, 5, 7, 9}) {
+          CAPTURE(tessera::ggml_type_name(t));
+          CAPTURE(n);
+          CAPTURE(rows);
+          CAPTURE(tokens);
+          const GgmlType xt = tessera::vec_dot_type(t);
+          const size_t w_bytes = tessera::ggml_row_size(t, n);
+          const size_t x_bytes = tessera::ggml_row_size(xt, n);
+          std::vector<uint8_t> w(w_bytes * rows), x(x_bytes * tokens);
+          for (int64_t r = 0; r < rows; ++r) {
+            std::vector<float> f = random_floats(n, static_cast<uint32_t>(rng()), 0.5f);
+            for (auto& v : f) v += 0.05f;
+            REQUIRE(tessera::quantize_row(t, f.data(), w.data() + r * w_bytes, n));
+          }
+          for (int64_t k = 0; k < tokens; ++k) {
+            const std::vector<float> f = random_floats(n, static_cast<uint32_t>(rng()), 2.0f);
+            REQUIRE(tessera::quantize_activation_row(xt, f.data(), x.data() + k * x_bytes, n));
+          }
+          // Output rows further apart than the tile, as in a matmul over a slice of rows.
+          const int64_t y_stride = rows + 3;
+          std::vector<float> y(static_cast<size_t>(y_stride * tokens), -1.0f);
+          std::vector<float> ys(y.size(), -1.0f);
+          tessera::vec_dot_tile(t, n, w.data(), w_bytes, rows, x.data(), x_bytes, tokens, y.data(),
+                                y_stride);
+          tessera::vec_dot_tile_scalar(t, n, w.data(), w_bytes, rows, x.data(), x_bytes, tokens,
+                                       ys.data(), y_stride);
+          bool all_equal = true;
+          for (int64_t k = 0; k < tokens; ++k)
+            for (int64_t r = 0; r < y_stride; ++r) {
+              const float want = r < rows ? tessera::vec_dot(t, n, w.data() + r * w_bytes,
+                                                             x.data() + k * x_bytes)
+                                          : -1.0f;
+              const float want_s = r < rows ? tessera::vec_dot_scalar(t, n, w.data() + r * w_bytes,
+                                                                      x.data() + k * x_bytes)
+                                            : -1.0f;
+              const float got = y[k * y_stride + r];
+              const float got_s = ys[k * y_stride + r];
+              all_equal = all_equal && std::memcmp(&got, &want, 4) == 0 &&
+                          std::memcmp(&got_s, &want_s, 4) == 0;
+            }
+          CHECK(all_equal);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("quantize_activation_row (dispatched) writes the scalar reference's bytes") {
+  // Random rows at several scales, an all-zero block, and values whose quotient x * 127/amax
+  // lands exactly on .5 (round half to even must agree).
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q8_1}) {
+    for (uint32_t seed = 0; seed < 20; ++seed) {
+      const int64_t n = 32 * (1 + seed % 7) * 16;
+      std::vector<float> x = random_floats(n, 500 + seed, seed % 3 == 0 ? 1e-3f : 4.0f);
+      for (int j = 0; j < 32; ++j) x[j] = 0.0f;
+      for (int j = 0; j < 32; ++j) x[32 + j] = static_cast<float>(j - 16) + 0.5f;  // amax 16.5 -> halves
+      x[64] = -0.0f;
+      const size_t bytes = tessera::ggml_row_size(t, n);
+      std::vector<uint8_t> a(bytes), b(bytes);
+      REQUIRE(tessera::quantize_activation_row(t, x.data(), a.data(), n));
+      REQUIRE(tessera::quantize_activation_row_scalar(t, x.data(), b.data(), n));
+      CAPTURE(tessera::ggml_type_name(t));
+      CAPTURE(seed);
+      CHECK(a == b);
+    }
+  }
+}

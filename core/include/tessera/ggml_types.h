@@ -43,6 +43,9 @@ bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 // 127/amax and values round half to even, which differs from quantize_row's reference
 // rounding in the last bit of some elements. Matching it keeps logits close to llama.cpp's.
 bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t n);
+// The portable version the AVX2 one (used by quantize_activation_row when the CPU has it) is
+// tested against; both write the same bytes.
+bool quantize_activation_row_scalar(GgmlType type, const float* src, void* dst, int64_t n);
 
 // exp(x) as llama.cpp's x86 CPU backend computes it in softmax and SiLU (a vectorized
 // polynomial within 1.5 ulp + 0.5 of expf), evaluated per element. See ggml_math.cpp.
@@ -57,6 +60,16 @@ bool has_vec_dot(GgmlType weight_type);
 float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const void* x);
 // The scalar reference the SIMD paths are tested against.
 float vec_dot_scalar(GgmlType weight_type, int64_t n, const void* weight_row, const void* x);
+// A tile of dots: y[t * y_stride + r] = vec_dot(weight row r, activation row t) for
+// r < w_rows, t < x_rows, rows w_stride / x_stride bytes apart. Each element is bit-identical
+// to vec_dot of the same pair (the tile only shares loads and scale conversions between
+// elements), so a matmul may use any tiling without changing its results.
+void vec_dot_tile(GgmlType weight_type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
+                  const void* x, size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+// The same over vec_dot_scalar, element by element.
+void vec_dot_tile_scalar(GgmlType weight_type, int64_t n, const void* w, size_t w_stride,
+                         int64_t w_rows, const void* x, size_t x_stride, int64_t x_rows, float* y,
+                         int64_t y_stride);
 // True when the running CPU has AVX2+FMA+F16C and the SIMD kernels are compiled in.
 bool cpu_has_avx2();
 

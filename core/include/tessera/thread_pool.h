@@ -1,11 +1,16 @@
 // A persistent pool of worker threads behind the SDK's Executor. The calling thread takes
 // the first range itself, so a pool of N threads starts N-1 workers.
+//
+// A forward pass issues hundreds of parallel_for calls per token (several per layer), each
+// only microseconds long at batch 1, so dispatch must cost far less than a mutex + condition
+// variable round trip. Jobs are published through an atomic generation counter; workers spin
+// on it for a short while (the next job usually arrives within microseconds) and only then
+// sleep in a futex wait (std::atomic::wait). Completion is an atomic countdown the caller
+// spins on the same way.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -30,13 +35,15 @@ class ThreadPool final : public Executor {
 
   int num_threads_ = 1;
   std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable work_ready_;
-  std::condition_variable work_done_;
-  uint64_t generation_ = 0;     // bumped per parallel_for; workers wake on change
-  int pending_ = 0;             // workers still running the current generation
-  bool stopping_ = false;
-  // The current job, written under mutex_ before generation_ is bumped.
+  // Bumped after the job fields below are written; workers wake on change. 32 bits so it can
+  // be a futex word (wrap-around is harmless: workers only compare for inequality).
+  alignas(64) std::atomic<uint32_t> generation_{0};
+  std::atomic<int> sleeping_workers_{0};  // workers in (or entering) a futex wait
+  // Workers still running the current generation; the caller waits for 0.
+  alignas(64) std::atomic<uint32_t> pending_{0};
+  std::atomic<int> caller_sleeping_{0};
+  std::atomic<bool> stopping_{false};
+  // The current job, written before generation_ is bumped.
   int64_t job_n_ = 0;
   RangeFn job_fn_ = nullptr;
   void* job_context_ = nullptr;

@@ -9,6 +9,9 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "quant_blocks.h"
 
 // ggml is C compiled in ISO mode, where GCC does not fuse a*b+c into an FMA; GCC's C++ default
@@ -172,6 +175,288 @@ float vec_dot_f32_avx2(int64_t n, const void* w, const void* xv) {
   double sumf = reduce_4x8(sum);
   for (int64_t i = np; i < n; ++i) sumf += static_cast<double>(x[i] * y[i]);
   return static_cast<float>(sumf);
+}
+
+// ---- tiles: several weight rows x several activation rows per pass -----------------------
+//
+// Every output element of a tile is computed with exactly the operation sequence of the
+// matching vec_dot_*_avx2 above (same per-block integer products, the same scalar scale
+// product broadcast into one FMA per block into its own 8-lane accumulator, the same final
+// horizontal sum), so y[t][r] is bit-identical to vec_dot(w_r, x_t). What the tile saves is
+// work shared between elements: each weight block is unpacked once for all T activation rows
+// and each activation block is loaded once for all R weight rows, and their fp16 scales are
+// converted once.
+
+namespace {
+
+// Activation scales of one chunk of up to kTileT activation rows, converted from fp16 once per
+// chunk: for block ib, xsc[8 * ib + t] = d of row t and xsc[8 * ib + 4 + t] = s of row t (Q8_1;
+// unused for Q8_0). Lanes of missing rows are 0.
+constexpr int kTileT = 4;
+
+// The fp16 pair (d, m) or (d, s) at p as floats in lanes 0 and 1.
+inline __m128 half_pair(const uint16_t* p) {
+  int32_t bits;
+  __builtin_memcpy(&bits, p, sizeof bits);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+}
+
+// Per weight row r, the 4 products d_w(r) * d_x(t) of a block go to dd[4r..4r+3] (each the
+// same float product vec_dot forms) and are broadcast back from memory into the FMA; this
+// keeps the multiply-and-broadcast work off the ports the integer dot uses.
+template <int R, int T>
+void tile_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x,
+                    size_t x_stride, const float* xsc, float* y, int64_t y_stride) {
+  __m256 acc[R][T];
+  __m128 summs[R];  // lane t: the min terms m_w * s_x of row t, summed in block order
+  for (int r = 0; r < R; ++r) {
+    summs[r] = _mm_setzero_ps();
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  alignas(16) float dd[R * 4];
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m128 xd = _mm_load_ps(xsc + 8 * ib);
+    const __m128 xs = _mm_load_ps(xsc + 8 * ib + 4);
+    __m256i qx[R];
+    for (int r = 0; r < R; ++r) {
+      const auto* b = reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) + ib;
+      const __m128 dm = half_pair(&b->d);
+      _mm_store_ps(dd + 4 * r, _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x00), xd));
+      summs[r] = _mm_add_ps(summs[r], _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x55), xs));
+      qx[r] = bytes_from_nibbles_32(b->qs);
+    }
+    for (int t = 0; t < T; ++t) {
+      const auto* b = reinterpret_cast<const BlockQ8_1*>(x + t * x_stride) + ib;
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+      for (int r = 0; r < R; ++r) {
+        const __m256 xy = mul_sum_us8_pairs_float(qx[r], qy);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(dd + 4 * r + t), xy, acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float m[4];
+    _mm_store_ps(m, summs[r]);
+    for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum_float_8(acc[r][t]) + m[t];
+  }
+}
+
+// One activation row (decode): the fp16 pairs (d_w, m_w) and (d_x, s_x) are widened together
+// and multiplied in one instruction, giving d_w * d_x in lane 0 (broadcast into the FMA) and
+// m_w * s_x in lane 1, which is summed in block order in lane 1 of `summs` (lane 0 there is
+// never read). Same products, same order as vec_dot_q4_1_q8_1_avx2.
+template <int R>
+void row_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x, float* y,
+                   int64_t) {
+  __m256 acc[R];
+  __m128 summs[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    summs[r] = _mm_setzero_ps();
+  }
+  const auto* xb = reinterpret_cast<const BlockQ8_1*>(x);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m128 ds = half_pair(&xb[ib].d);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[ib].qs));
+    for (int r = 0; r < R; ++r) {
+      const auto* b = reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) + ib;
+      const __m128 prod = _mm_mul_ps(half_pair(&b->d), ds);
+      summs[r] = _mm_add_ps(summs[r], prod);
+      const __m256 xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(b->qs), qy);
+      acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), xy, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    y[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[r]));
+}
+
+// Q4_0 and Q8_0 weights against Q8_0 activations differ only in how a weight block becomes
+// 32 signed bytes.
+template <class Block>
+inline __m256i signed_weight_bytes(const Block* b);
+template <>
+inline __m256i signed_weight_bytes<BlockQ4_0>(const BlockQ4_0* b) {
+  return _mm256_sub_epi8(bytes_from_nibbles_32(b->qs), _mm256_set1_epi8(8));
+}
+template <>
+inline __m256i signed_weight_bytes<BlockQ8_0>(const BlockQ8_0* b) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+}
+
+template <class Block, int R, int T>
+void tile_x_q8_0(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x,
+                 size_t x_stride, const float* xsc, float* y, int64_t y_stride) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  alignas(16) float dd[R * 4];
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m128 xd = _mm_load_ps(xsc + 8 * ib);
+    __m256i ax[R], qx[R];
+    for (int r = 0; r < R; ++r) {
+      const auto* b = reinterpret_cast<const Block*>(w + r * w_stride) + ib;
+      _mm_store_ps(dd + 4 * r, _mm_mul_ps(_mm_set1_ps(half_to_float(b->d)), xd));
+      qx[r] = signed_weight_bytes(b);
+      ax[r] = _mm256_sign_epi8(qx[r], qx[r]);
+    }
+    for (int t = 0; t < T; ++t) {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(x + t * x_stride) + ib;
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+      for (int r = 0; r < R; ++r) {
+        const __m256 q = mul_sum_us8_pairs_float(ax[r], _mm256_sign_epi8(qy, qx[r]));
+        acc[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(dd + 4 * r + t), q, acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum_float_8(acc[r][t]);
+}
+
+using TileFn = void (*)(int64_t, const uint8_t*, size_t, const uint8_t*, size_t, const float*,
+                        float*, int64_t);
+
+// Weight rows per tile; the tile functions exist for 1..kTileT activation rows.
+constexpr int kTileR = 2;
+
+template <int R, int T>
+struct Q41 {
+  static constexpr TileFn fn = &tile_q4_1_q8_1<R, T>;
+};
+template <int R, int T>
+struct Q40 {
+  static constexpr TileFn fn = &tile_x_q8_0<BlockQ4_0, R, T>;
+};
+template <int R, int T>
+struct Q80 {
+  static constexpr TileFn fn = &tile_x_q8_0<BlockQ8_0, R, T>;
+};
+
+// Fills xsc (see above) for activation rows [0, tt) of a chunk.
+template <class XBlock>
+void chunk_scales(int64_t nb, const uint8_t* x, size_t x_stride, int tt, float* xsc) {
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    float* o = xsc + 8 * ib;
+    for (int t = 0; t < kTileT; ++t) {
+      if (t < tt) {
+        const auto* b = reinterpret_cast<const XBlock*>(x + t * x_stride) + ib;
+        o[t] = half_to_float(b->d);
+        if constexpr (sizeof(XBlock) == sizeof(BlockQ8_1)) {
+          o[4 + t] = half_to_float(reinterpret_cast<const BlockQ8_1*>(b)->s);
+        } else {
+          o[4 + t] = 0.0f;
+        }
+      } else {
+        o[t] = o[4 + t] = 0.0f;
+      }
+    }
+  }
+}
+
+template <template <int, int> class K, class XBlock>
+void run_tiles(int64_t n, const uint8_t* w, size_t w_stride, int64_t w_rows, const uint8_t* x,
+               size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
+  static constexpr TileFn full[kTileT] = {K<kTileR, 1>::fn, K<kTileR, 2>::fn, K<kTileR, 3>::fn,
+                                          K<kTileR, 4>::fn};
+  static constexpr TileFn single[kTileT] = {K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn, K<1, 4>::fn};
+  const int64_t nb = n / 32;
+  thread_local std::vector<float> scales;
+  if (scales.size() < static_cast<size_t>(8 * nb)) scales.resize(static_cast<size_t>(8 * nb));
+  float* xsc = scales.data();
+  // Activation rows outermost in chunks of kTileT, so a chunk's quantized rows (a few KiB)
+  // stay in L1 while the weight rows stream past.
+  for (int64_t t0 = 0; t0 < x_rows; t0 += kTileT) {
+    const int tt = static_cast<int>(std::min<int64_t>(kTileT, x_rows - t0));
+    const uint8_t* xt = x + t0 * x_stride;
+    float* yt = y + t0 * y_stride;
+    int64_t r = 0;
+    if constexpr (sizeof(XBlock) == sizeof(BlockQ8_1)) {
+      if (tt == 1) {  // decode: the one-row kernel needs no scale table
+        for (; r + 4 <= w_rows; r += 4) row_q4_1_q8_1<4>(nb, w + r * w_stride, w_stride, xt, yt + r, 0);
+        for (; r < w_rows; ++r) row_q4_1_q8_1<1>(nb, w + r * w_stride, w_stride, xt, yt + r, 0);
+        continue;
+      }
+    }
+    chunk_scales<XBlock>(nb, xt, x_stride, tt, xsc);
+    for (; r + kTileR <= w_rows; r += kTileR)
+      full[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, xsc, yt + r, y_stride);
+    for (; r < w_rows; ++r)
+      single[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, xsc, yt + r, y_stride);
+  }
+}
+
+}  // namespace
+
+void quantize_activations_q8_avx2(const float* x, void* y, int64_t n, bool q8_1,
+                                  uint16_t (*to_half)(float)) {
+  // Per block of 32: amax, d = amax / 127, id = 127 / amax (0 for an all-zero block), then
+  // q = round-half-even(x * id) — the scalar reference's operations, 8 lanes at a time (the
+  // max is exact in any order). The fp16 scales go through the caller's converter.
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const int64_t nb = n / 32;
+  const size_t block_bytes = q8_1 ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
+  auto* out = static_cast<uint8_t*>(y);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const float* xb = x + ib * 32;
+    __m256 v[4];
+    __m256 maxv = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(xb + 8 * k);
+      maxv = _mm256_max_ps(maxv, _mm256_andnot_ps(sign_bit, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_extractf128_ps(maxv, 1), _mm256_castps256_ps128(maxv));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float amax = _mm_cvtss_f32(m);
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 mul = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k)
+      q[k] = _mm256_cvtps_epi32(
+          _mm256_round_ps(_mm256_mul_ps(v[k], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    uint8_t* blk = out + ib * block_bytes;
+    int8_t* qs = reinterpret_cast<int8_t*>(blk + (q8_1 ? 4 : 2));
+    // Pack 32 int32 -> 32 int8 (values are within [-127, 127], so saturation never applies),
+    // then undo the 128-bit lane interleave of the packs.
+    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p = _mm256_packs_epi16(p01, p23);
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), p);
+    const uint16_t dh = to_half(d);
+    __builtin_memcpy(blk, &dh, sizeof dh);
+    if (q8_1) {
+      // Sum of the 32 quants (exact in int32).
+      const __m256i s16 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                                              _mm256_packs_epi32(q[2], q[3])),
+                                            _mm256_set1_epi16(1));
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+      const uint16_t sh = to_half(d * static_cast<float>(_mm_cvtsi128_si32(s)));
+      __builtin_memcpy(blk + 2, &sh, sizeof sh);
+    }
+  }
+}
+
+bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
+                       const void* x, size_t x_stride, int64_t x_rows, float* y,
+                       int64_t y_stride) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  switch (type) {
+    case kTileQ4_1:
+      run_tiles<Q41, BlockQ8_1>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      return true;
+    case kTileQ4_0:
+      run_tiles<Q40, BlockQ8_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      return true;
+    case kTileQ8_0:
+      run_tiles<Q80, BlockQ8_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace tessera::kernels

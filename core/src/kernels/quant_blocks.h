@@ -65,4 +65,19 @@ float vec_dot_q8_0_q8_0_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_f16_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_f32_avx2(int64_t n, const void* w, const void* x);
 
+// llama.cpp's run-time Q8_0 / Q8_1 activation quantization (see quant_ref.cpp) on 8 lanes;
+// same bytes as the scalar version. to_half converts the scales (fp32_to_fp16).
+void quantize_activations_q8_avx2(const float* x, void* y, int64_t n, bool q8_1,
+                                  uint16_t (*to_half)(float));
+
+// Tile kernel: y[t * y_stride + r] = vec_dot(weight row r, activation row t) for r < w_rows,
+// t < x_rows, each element bit-identical to the single-dot kernel of its type. Returns false
+// (computing nothing) for a type without a tile kernel.
+inline constexpr int kTileQ4_0 = 2;
+inline constexpr int kTileQ4_1 = 3;
+inline constexpr int kTileQ8_0 = 8;
+bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
+                       const void* x, size_t x_stride, int64_t x_rows, float* y,
+                       int64_t y_stride);
+
 }  // namespace tessera::kernels

@@ -520,7 +520,35 @@ float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const voi
   return vec_dot_scalar(weight_type, n, weight_row, x);
 }
 
-bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t n) {
+void vec_dot_tile_scalar(GgmlType weight_type, int64_t n, const void* w, size_t w_stride,
+                         int64_t w_rows, const void* x, size_t x_stride, int64_t x_rows, float* y,
+                         int64_t y_stride) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  for (int64_t r = 0; r < w_rows; ++r)
+    for (int64_t t = 0; t < x_rows; ++t)
+      y[t * y_stride + r] = vec_dot_scalar(weight_type, n, wb + r * w_stride, xb + t * x_stride);
+}
+
+void vec_dot_tile(GgmlType weight_type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
+                  const void* x, size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpu_has_avx2()) {
+    if (kernels::vec_dot_tile_avx2(static_cast<int>(weight_type), n, w, w_stride, w_rows, x,
+                                   x_stride, x_rows, y, y_stride))
+      return;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    const auto* xb = static_cast<const uint8_t*>(x);
+    for (int64_t r = 0; r < w_rows; ++r)
+      for (int64_t t = 0; t < x_rows; ++t)
+        y[t * y_stride + r] = vec_dot(weight_type, n, wb + r * w_stride, xb + t * x_stride);
+    return;
+  }
+#endif
+  vec_dot_tile_scalar(weight_type, n, w, w_stride, w_rows, x, x_stride, x_rows, y, y_stride);
+}
+
+bool quantize_activation_row_scalar(GgmlType type, const float* src, void* dst, int64_t n) {
   switch (type) {
     case GgmlType::Q8_0:
       quantize_activations_q8(src, static_cast<BlockQ8_0*>(dst), n, false);
@@ -528,6 +556,22 @@ bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t
     case GgmlType::Q8_1:
       quantize_activations_q8(src, static_cast<BlockQ8_1*>(dst), n, true);
       return true;
+    default:
+      return quantize_row(type, src, dst, n);
+  }
+}
+
+bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::Q8_0:
+    case GgmlType::Q8_1:
+#if defined(__x86_64__) || defined(__i386__)
+      if (cpu_has_avx2()) {
+        kernels::quantize_activations_q8_avx2(src, dst, n, type == GgmlType::Q8_1, &fp32_to_fp16);
+        return true;
+      }
+#endif
+      return quantize_activation_row_scalar(type, src, dst, n);
     default:
       return quantize_row(type, src, dst, n);  // F16/F32 conversions already match
   }

@@ -7,14 +7,24 @@
 #include <memory>
 #include <vector>
 
+#include "naive_kernel.h"
 #include "tessera/ggml_types.h"
 #include "tessera/sdk.h"
 
 namespace tessera {
 namespace {
 
+const ParamSpec kParams[] = {
+    {"simd", ParamType::kEnum, "auto",
+     "auto: the AVX2/FMA/F16C build of the per-head kernel when the CPU has it (same bits); "
+     "off: the portable one",
+     -INFINITY, INFINITY, "auto|off"},
+};
+
 class NaiveAttention final : public AttentionKernel {
  public:
+  explicit NaiveAttention(bool use_simd) : use_simd_(use_simd && cpu_has_avx2()) {}
+
   size_t scratch_bytes(const AttentionShape& shape, int32_t max_rows,
                        int32_t max_context) const override {
     // Per thread: the score matrix, 8 accumulator lanes per output element, a widened K/V
@@ -29,6 +39,25 @@ class NaiveAttention final : public AttentionKernel {
     const int32_t num_threads = executor.num_threads();
     if (static_cast<int32_t>(scratch_.size()) < num_threads) scratch_.resize(num_threads);
     const int32_t heads = shape.num_heads;
+    if (use_simd_ && shape.head_dim % 32 == 0) {
+      // The vectorized kernel computes any range of query rows of a head on its own (rows are
+      // independent), so long prompts split into row chunks that balance across threads.
+      tasks_.clear();
+      for (size_t i = 0; i < batch.sequences.size(); ++i) {
+        const AttentionSequence& seq = batch.sequences[i];
+        for (int32_t q = 0; q < seq.num_queries; q += kQueryChunk)
+          for (int32_t h = 0; h < heads; ++h)
+            tasks_.push_back({static_cast<int32_t>(i), h, q, std::min(seq.num_queries, q + kQueryChunk)});
+      }
+      executor.run(static_cast<int64_t>(tasks_.size()), [&](int64_t begin, int64_t end, int thread) {
+        for (int64_t t = begin; t < end; ++t) {
+          const RowTask& task = tasks_[t];
+          naive::run_rows_avx2(shape, batch, batch.sequences[task.seq], task.head, task.q_begin,
+                               task.q_end, scratch_[thread]);
+        }
+      });
+      return Status::ok();
+    }
     const int64_t num_tasks = static_cast<int64_t>(batch.sequences.size()) * heads;
     executor.run(num_tasks, [&](int64_t begin, int64_t end, int thread) {
       for (int64_t task = begin; task < end; ++task)
@@ -38,9 +67,9 @@ class NaiveAttention final : public AttentionKernel {
     return Status::ok();
   }
 
-  static Status create(const PluginConfig&, const PluginContext&,
+  static Status create(const PluginConfig& config, const PluginContext&,
                        std::unique_ptr<AttentionKernel>* out) {
-    *out = std::make_unique<NaiveAttention>();
+    *out = std::make_unique<NaiveAttention>(config.get_string("simd", "auto") != "off");
     return Status::ok();
   }
 
@@ -164,6 +193,12 @@ class NaiveAttention final : public AttentionKernel {
     }
   }
 
+  struct RowTask {
+    int32_t seq, head, q_begin, q_end;
+  };
+  static constexpr int32_t kQueryChunk = 64;
+  bool use_simd_;  // the AVX2 build (the CPU was checked)
+  std::vector<RowTask> tasks_;
   std::vector<std::vector<float>> scratch_;  // per thread
 };
 
@@ -172,4 +207,4 @@ class NaiveAttention final : public AttentionKernel {
 
 TESSERA_REGISTER_PLUGIN(tessera::NaiveAttention, tessera::AttentionKernel, "naive", "0.1.0",
                         "full score matrix per head; the reference other kernels are tested against",
-                        TESSERA_NO_PARAMS)
+                        tessera::kParams)

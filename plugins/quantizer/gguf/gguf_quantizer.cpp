@@ -94,12 +94,11 @@ class GgufQuantizer final : public Quantizer {
     executor.run(num_tasks, [&](int64_t begin, int64_t end, int) {
       const int64_t r0 = begin * kRowsPerTask;
       const int64_t r1 = std::min(rows, end * kRowsPerTask);
-      // Weight rows outermost: each row is read from memory once for all tokens.
-      for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* wr = w.row(r);
-        for (int64_t t = 0; t < num_tokens; ++t)
-          y[t * rows + r] = vec_dot(w.type(), cols, wr, xb + t * x_row_bytes);
-      }
+      // A tile of weight rows x activation rows per pass: each weight block is unpacked once
+      // for several tokens, each activation block loaded once for several rows. Every output
+      // element equals vec_dot of its pair bit for bit, whatever the tiling.
+      vec_dot_tile(w.type(), cols, w.row(r0), w.row_bytes(), r1 - r0, xb, x_row_bytes,
+                   num_tokens, y + r0, rows);
     });
   }
 

@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -333,3 +334,29 @@ TEST_CASE("attention.flash: scratch memory does not grow with the context") {
 }
 
 }  // namespace
+
+TEST_CASE("attention.naive: the AVX2 build gives the portable build's bits") {
+  // naive is the oracle whose reduction orders mirror llama.cpp's; its vectorized build only
+  // runs the same operations in vector lanes, so outputs must agree exactly, not within a tol.
+  if (!cpu_has_avx2()) {
+    MESSAGE("CPU lacks AVX2/FMA/F16C: only the portable build exists here");
+    return;
+  }
+  ThreadPool pool(3);
+  std::mt19937 rng(4242);
+  auto simd = make_kernel("naive", "{}");
+  auto portable = make_kernel("naive", "{simd: off}");
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+    for (int32_t block_size : {1, 16}) {
+      for (float q_scale : {3.0f, 40.0f}) {  // 40: probabilities underflow to exactly 0
+        const Problem p = make_problem(rng, 9, 3, 64, block_size, dtype, random_batch(rng), q_scale);
+        const std::vector<float> a = run_kernel(*simd, p, pool);
+        const std::vector<float> b = run_kernel(*portable, p, pool);
+        CAPTURE(kv_dtype_name(dtype));
+        CAPTURE(block_size);
+        CAPTURE(q_scale);
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}

@@ -1,0 +1,30 @@
+// Element-wise CPU kernels of the forward pass with run-time dispatch: an AVX2/FMA build when
+// the CPU has it (cpu_has_avx2()), else the portable build. Both builds give the same bits for
+// every element (the AVX2 one only evaluates the same per-element operations 8 lanes at a
+// time, with hardware FMA instead of libm's fma()), which tests/unit/test_ggml_math.cpp checks.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera {
+
+// gate[i] = silu(gate[i]) * up[i] for i in [begin, end), with ggml's exp.
+void silu_mul_range(float* gate, const float* up, int64_t begin, int64_t end);
+void silu_mul_range_scalar(float* gate, const float* up, int64_t begin, int64_t end);
+
+// Rotary embedding of rows [begin, end) of x (each num_heads * head_dim floats), as
+// CpuBackend::rope describes.
+struct RopeRowsArgs {
+  float* x;
+  const int32_t* positions;
+  int32_t num_heads;
+  int32_t head_dim;
+  int32_t rotary_dim;
+  bool neox;
+  float freq_scale;
+  float theta_scale;
+};
+void rope_rows(const RopeRowsArgs& a, int64_t begin, int64_t end);
+void rope_rows_scalar(const RopeRowsArgs& a, int64_t begin, int64_t end);
+
+}  // namespace tessera

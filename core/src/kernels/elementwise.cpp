@@ -1,0 +1,40 @@
+// Portable build of the element-wise kernels and their run-time dispatch.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include "elementwise_impl.h"
+#include "tessera/ggml_types.h"
+
+namespace tessera {
+
+namespace kernels {
+void silu_mul_avx2(float* gate, const float* up, int64_t begin, int64_t end);
+void rope_rows_avx2(const RopeRowsArgs& a, int64_t begin, int64_t end);
+}  // namespace kernels
+
+void silu_mul_range_scalar(float* gate, const float* up, int64_t begin, int64_t end) {
+  kernels::silu_mul_impl(gate, up, begin, end);
+}
+
+void rope_rows_scalar(const RopeRowsArgs& a, int64_t begin, int64_t end) {
+  kernels::rope_rows_impl(a, begin, end);
+}
+
+void silu_mul_range(float* gate, const float* up, int64_t begin, int64_t end) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpu_has_avx2()) return kernels::silu_mul_avx2(gate, up, begin, end);
+#endif
+  silu_mul_range_scalar(gate, up, begin, end);
+}
+
+void rope_rows(const RopeRowsArgs& a, int64_t begin, int64_t end) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpu_has_avx2()) return kernels::rope_rows_avx2(a, begin, end);
+#endif
+  rope_rows_scalar(a, begin, end);
+}
+
+}  // namespace tessera

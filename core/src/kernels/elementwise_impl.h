@@ -1,0 +1,57 @@
+// The element-wise kernels' bodies, compiled twice: by elementwise.cpp (portable) and by
+// elementwise_avx2.cpp (-mavx2 -mfma -mf16c). Each element sees the same operations in both.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "tessera/cpu_kernels.h"
+#include "tessera/ggml_simd.h"
+
+namespace tessera::kernels {
+
+inline void silu_mul_impl(float* gate, const float* up, int64_t begin, int64_t end) {
+  int64_t i = begin;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= end; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = simd::ggml_v_expf(_mm256_xor_ps(g, sign));
+    _mm256_storeu_ps(gate + i,
+                     _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < end; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + simd::ggml_expf_inline(-g)) * up[i];
+  }
+}
+
+inline void rope_rows_impl(const RopeRowsArgs& p, int64_t begin, int64_t end) {
+  const int32_t head_dim = p.head_dim;
+  const int32_t rot = p.rotary_dim;
+  for (int64_t r = begin; r < end; ++r) {
+    float* row = p.x + r * p.num_heads * head_dim;
+    float theta = static_cast<float>(p.positions[r]) * p.freq_scale;
+    for (int32_t i0 = 0; i0 < rot; i0 += 2) {
+      const float c = std::cos(theta);
+      const float s = std::sin(theta);
+      theta *= p.theta_scale;
+      // Adjacent pairs (GGUF Llama) or the two halves (NeoX/Qwen2 style).
+      const int32_t a = p.neox ? i0 / 2 : i0;
+      const int32_t b = p.neox ? i0 / 2 + rot / 2 : i0 + 1;
+      for (int32_t h = 0; h < p.num_heads; ++h) {
+        float* v = row + h * head_dim;
+        const float x0 = v[a];
+        const float x1 = v[b];
+        // Contracted exactly as GCC compiles ggml's rotate_pairs (x0*c - x1*s becomes
+        // fma(x0, c, -(x1*s))), so rotated values match llama.cpp's to the last bit.
+        v[a] = std::fma(x0, c, -(x1 * s));
+        v[b] = std::fma(x0, s, x1 * c);
+      }
+    }
+  }
+}
+
+}  // namespace tessera::kernels
