@@ -132,7 +132,7 @@ class NaiveAttention final : public AttentionKernel {
     const size_t score_floats = static_cast<size_t>(nq) * ctx;
     const size_t lane_floats = static_cast<size_t>(nq) * d * 8;
     const size_t needed = score_floats + lane_floats + 2 * static_cast<size_t>(d);
-    if (scratch.size() < needed) scratch.resize(needed);
+    naive::ensure_scratch(scratch, needed);
     float* scores = scratch.data();
     float* lanes = scores + score_floats;  // [query][dim][8] P.V accumulators
     float* row = lanes + lane_floats;

@@ -64,7 +64,7 @@ void run_rows_avx2(const AttentionShape& s, const AttentionBatch& batch,
   const int32_t visible = ctx - nq + q_end;
   const int32_t padded = (visible + 7) & ~7;
   const size_t needed = 2 * static_cast<size_t>(padded) * d + static_cast<size_t>(rows) * padded + d;
-  if (scratch.size() < needed) scratch.resize(needed);
+  ensure_scratch(scratch, needed);
   float* keys = scratch.data();                                   // [visible][d]
   float* vt = keys + static_cast<size_t>(padded) * d;             // [padded/8][d][8]
   float* scores = vt + static_cast<size_t>(padded) * d;           // [rows][padded]
