@@ -164,10 +164,16 @@ def write_serving_workload(path: Path, n: int, out_tokens: int) -> None:
             f.write(json.dumps({"prompt": prompt, "max_tokens": out_tokens}) + "\n")
 
 
+def served_model_id(url: str) -> str:
+    """The first id of GET /v1/models: OpenAI servers may require `model` in each request."""
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+        return json.load(r)["data"][0]["id"]
+
+
 def bench_serve(tessera: Path, url: str, workload: Path, clients: int, n: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        run([tessera, "bench", "serve", "--url", url, "-w", workload, "--concurrency", clients, "-n", n,
-             "--json", f.name], stdout=subprocess.DEVNULL)
+        run([tessera, "bench", "serve", "--url", url, "--model", served_model_id(url), "-w", workload,
+             "--concurrency", clients, "-n", n, "--json", f.name], stdout=subprocess.DEVNULL)
         j = json.load(open(f.name))
     return j["levels"][0]["metrics"]
 
@@ -212,6 +218,13 @@ def measure_serving(args) -> dict:
 # ----------------------------------------------------------------------------- report
 
 
+def display_path(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -244,7 +257,7 @@ def table(lat: dict | None, srv: dict | None, args) -> str:
     if srv:
         lines.append(f"Serving: {args.clients} concurrent streaming clients, {args.requests} requests of "
                      f"≈128 prompt tokens and {args.out_tokens} output tokens (`tessera bench serve`); "
-                     f"llama-server `-np {args.clients} -cb`, Tessera `{args.serve_config}`.")
+                     f"llama-server `-np {args.clients} -cb`, Tessera `{display_path(args.serve_config)}`.")
         lines.append("")
         lines.append("| server | ok/sent | output t/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p99 ms |")
         lines.append("|---|---|---|---|---|---|")
