@@ -22,6 +22,7 @@
 
 #include "cuda_runner.h"
 #include "kernels.h"
+#include "support/greedy_runs.h"
 #include "support/plugins.h"
 #include "support/test_env.h"
 #include "tessera/cpu_backend.h"
@@ -699,25 +700,8 @@ TEST_CASE("engine with backend: cuda + attention: cuda-flash generates what the 
     c.max_context = 512;
     return std::make_unique<tessera::Engine>(std::move(c));
   };
-  auto generate = [](tessera::Engine& engine) {
-    std::vector<std::vector<tessera::TokenId>> out(3);
-    const std::vector<std::vector<tessera::TokenId>> prompts = {{1, 2, 3, 4, 5}, {100, 200, 300}, {7, 7, 7, 7, 7, 7, 7, 7, 9}};
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      tessera::GenerationRequest r;
-      r.prompt = prompts[i];
-      r.params.temperature = 0;
-      r.params.max_tokens = 20;
-      r.params.ignore_eos = true;
-      r.on_event = [&out, i](const tessera::GenerationEvent& ev) {
-        for (const auto& t : ev.tokens) out[i].push_back(t.token);
-        if (ev.finished) CHECK_MESSAGE(ev.error.is_ok(), ev.error.message());
-      };
-      uint64_t id = 0;
-      REQUIRE(engine.submit(std::move(r), &id).is_ok());
-    }
-    engine.run_until_idle();
-    return out;
-  };
+  const std::vector<std::vector<tessera::TokenId>> prompts = {{1, 2, 3, 4, 5}, {100, 200, 300}, {7, 7, 7, 7, 7, 7, 7, 7, 9}};
+  auto generate = [&prompts](tessera::Engine& engine) { return tessera::test::run_greedy(engine, prompts, 20); };
   auto cpu_engine = make_engine(false);
   auto gpu_engine = make_engine(true);
   CHECK(generate(*gpu_engine) == generate(*cpu_engine));

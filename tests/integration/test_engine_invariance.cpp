@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/greedy_runs.h"
 #include "support/real_model.h"
 #include "support/test_env.h"
 #include "tessera/config.h"
@@ -60,22 +61,7 @@ std::vector<std::vector<TokenId>> make_prompts(const Tokenizer& tok) {
 }
 
 std::vector<std::vector<TokenId>> run(Engine& engine, const std::vector<std::vector<TokenId>>& prompts) {
-  std::vector<std::vector<TokenId>> out(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerationRequest r;
-    r.prompt = prompts[i];
-    r.params.temperature = 0;
-    r.params.max_tokens = kNewTokens;
-    r.params.ignore_eos = true;
-    r.on_event = [&out, i](const GenerationEvent& ev) {
-      for (const auto& t : ev.tokens) out[i].push_back(t.token);
-      if (ev.finished) CHECK_MESSAGE(ev.error.is_ok(), ev.error.message());
-    };
-    uint64_t id = 0;
-    REQUIRE(engine.submit(std::move(r), &id).is_ok());
-  }
-  engine.run_until_idle();
-  return out;
+  return test::run_greedy(engine, prompts, kNewTokens);
 }
 
 void check_all_blocks_free(Engine& engine) {
