@@ -11,7 +11,8 @@ namespace tessera {
 ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quantizer,
                          AttentionKernel& attention, const KvLayout& layout,
                          int32_t max_batch_tokens)
-    : model_(model), backend_(backend), quantizer_(quantizer), attention_(attention),
+    : model_(model), backend_(backend), quantizer_(quantizer),
+      grouped_matmul_(dynamic_cast<GroupedMatmul*>(&quantizer)), attention_(attention),
       layout_(layout) {
   const ModelHparams& hp = model.hparams();
   attention_shape_.num_heads = hp.num_heads;
@@ -74,6 +75,15 @@ void ModelRunner::matmul(const PreparedWeight& w, const float* x, int64_t rows, 
   quantizer_.matmul(w, x, rows, y, backend_.executor());
 }
 
+void ModelRunner::matmul_group(std::span<const MatmulTarget> targets, const float* x,
+                               int64_t rows) {
+  if (grouped_matmul_ != nullptr) {
+    grouped_matmul_->matmul_group(targets, x, rows, backend_.executor());
+    return;
+  }
+  for (const MatmulTarget& t : targets) matmul(*t.weight, x, rows, t.y);
+}
+
 void ModelRunner::add_bias(float* y, const std::vector<float>& bias, int64_t rows) {
   if (bias.empty()) return;
   const int64_t n = static_cast<int64_t>(bias.size());
@@ -127,9 +137,9 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
   for (int32_t l = 0; l < hp.num_layers; ++l) {
     const LayerWeights& w = model_.layers()[l];
     backend_.rms_norm(h_.data(), x_.data(), w.attn_norm.data(), num_rows, d, hp.rms_eps);
-    matmul(*w.wq, h_.data(), num_rows, q_.data());
-    matmul(*w.wk, h_.data(), num_rows, k_.data());
-    matmul(*w.wv, h_.data(), num_rows, v_.data());
+    const MatmulTarget qkv[] = {{w.wq.get(), q_.data()}, {w.wk.get(), k_.data()},
+                                {w.wv.get(), v_.data()}};
+    matmul_group(qkv, h_.data(), num_rows);
     add_bias(q_.data(), w.bq, num_rows);
     add_bias(k_.data(), w.bk, num_rows);
     add_bias(v_.data(), w.bv, num_rows);
@@ -145,8 +155,8 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
     backend_.add(x_.data(), h_.data(), static_cast<int64_t>(num_rows) * d);
 
     backend_.rms_norm(h_.data(), x_.data(), w.ffn_norm.data(), num_rows, d, hp.rms_eps);
-    matmul(*w.w_gate, h_.data(), num_rows, gate_.data());
-    matmul(*w.w_up, h_.data(), num_rows, up_.data());
+    const MatmulTarget gate_up[] = {{w.w_gate.get(), gate_.data()}, {w.w_up.get(), up_.data()}};
+    matmul_group(gate_up, h_.data(), num_rows);
     backend_.silu_mul(gate_.data(), up_.data(), static_cast<int64_t>(num_rows) * hp.ffn_dim);
     matmul(*w.w_down, gate_.data(), num_rows, h_.data());
     backend_.add(x_.data(), h_.data(), static_cast<int64_t>(num_rows) * d);

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <cstring>
 #include <numeric>
+#include <random>
 
 #include "support/real_model.h"
 #include "support/test_env.h"
@@ -146,6 +148,42 @@ TEST_CASE("last-position logits are close to llama.cpp's") {
   }
   MESSAGE("worst max-abs logit difference: " << 100 * worst_fraction << "% of the logit range (f32 KV cache); "
           << 100 * worst_fraction_f16 << "% with an f16 KV cache");
+}
+
+TEST_CASE("quantizer.gguf: a grouped matmul equals one matmul per weight, bit for bit") {
+  // The runner applies q/k/v and gate/up as groups (one input conversion, one parallel pass);
+  // every output must be exactly what a matmul of its own would give, at decode and batch
+  // sizes (1 row, a partial tile, several tiles and panels).
+  if (!test::have_real_model()) return;
+  PluginRegistry registry;
+  registry.scan_directory(test::plugin_dir());
+  PluginContext ctx{&host_logger(), ""};
+  auto quantizer = registry.create<Quantizer>("gguf", PluginConfig("gguf", "engine.quantizer", {}), ctx);
+  auto model = Model::load(test::real_model_path(), *quantizer);
+  auto* grouped = dynamic_cast<GroupedMatmul*>(quantizer.get());
+  REQUIRE(grouped != nullptr);
+  CpuBackend backend(2);
+  const LayerWeights& layer = model->layers()[3];
+  const PreparedWeight* weights[] = {layer.wq.get(), layer.wk.get(), layer.wv.get()};
+  const int64_t cols = layer.wq->cols();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t tokens : {1, 3, 9}) {
+    CAPTURE(tokens);
+    std::vector<float> x(static_cast<size_t>(tokens * cols));
+    for (float& v : x) v = dist(rng);
+    std::vector<std::vector<float>> separate(3), together(3);
+    std::vector<MatmulTarget> targets;
+    for (int i = 0; i < 3; ++i) {
+      separate[i].assign(static_cast<size_t>(tokens * weights[i]->rows()), 0.0f);
+      together[i].assign(separate[i].size(), -1.0f);
+      quantizer->matmul(*weights[i], x.data(), tokens, separate[i].data(), backend.executor());
+      targets.push_back({weights[i], together[i].data()});
+    }
+    grouped->matmul_group(targets, x.data(), tokens, backend.executor());
+    for (int i = 0; i < 3; ++i)
+      CHECK(std::memcmp(separate[i].data(), together[i].data(), separate[i].size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("greedy continuations equal llama.cpp's, batched and alone") {

@@ -569,8 +569,9 @@ TEST_CASE("vec_dot_tile equals vec_dot element by element, bit for bit") {
   std::mt19937 rng(99);
   for (GgmlType t : kDotTypes) {
     for (int64_t n : {32, 64, 576, 1536}) {
-      for (int64_t rows : {1, 2, 3, 5, 16}) {
-        for (int64_t tokens : {1, 2, 3, 4, 5, 7, 9}) {
+      // 37 and 70 rows span several of the batched loop's weight panels at n = 1536.
+      for (int64_t rows : {1, 2, 3, 5, 16, 37, 70}) {
+        for (int64_t tokens : {1, 2, 3, 4, 5, 7, 9, 17}) {
           CAPTURE(tessera::ggml_type_name(t));
           CAPTURE(n);
           CAPTURE(rows);

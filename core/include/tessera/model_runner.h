@@ -41,11 +41,14 @@ class ModelRunner final : public ForwardRunner {
  private:
   void ensure_capacity(int32_t num_rows, int32_t num_logit_rows);
   void matmul(const PreparedWeight& w, const float* x, int64_t rows, float* y);
+  // Weights that share an input (q/k/v, gate/up): one pass when the quantizer can group them.
+  void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t rows);
   void add_bias(float* y, const std::vector<float>& bias, int64_t rows);
 
   const Model& model_;
   Backend& backend_;
   Quantizer& quantizer_;
+  GroupedMatmul* grouped_matmul_ = nullptr;  // the quantizer's capability, when it has it
   AttentionKernel& attention_;
   KvLayout layout_;
   AttentionShape attention_shape_;

@@ -201,6 +201,20 @@ inline __m128 half_pair(const uint16_t* p) {
   return _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
 }
 
+// Bytes ahead of the current position that the kernels prefetch. Decode reads each
+// weight byte once per token, from DRAM: without prefetching a thread waits on memory at
+// ~5 GB/s; the hardware prefetcher alone restarts at every 4 KiB page. About 1 us of reading
+// ahead covers the DRAM latency at the kernel's consumption rate.
+constexpr int kPrefetchBytes = 4096;
+
+// Prefetches the cache lines `ahead` bytes past the `consumed` bytes of a pass over `bytes`
+// contiguous weight bytes starting at p (rows of one matrix are contiguous, so reading ahead
+// runs into the next pass's rows). Prefetching past the end of a mapping cannot fault.
+inline void prefetch_ahead(const uint8_t* p, size_t consumed, size_t step) {
+  const char* a = reinterpret_cast<const char*>(p) + consumed + kPrefetchBytes;
+  for (size_t o = 0; o < step; o += 64) _mm_prefetch(a + o, _MM_HINT_T0);
+}
+
 // Per weight row r, the 4 products d_w(r) * d_x(t) of a block go to dd[4r..4r+3] (each the
 // same float product vec_dot forms) and are broadcast back from memory into the FMA; this
 // keeps the multiply-and-broadcast work off the ports the integer dot uses.
@@ -214,7 +228,9 @@ void tile_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   }
   alignas(16) float dd[R * 4];
+  constexpr size_t kStepBytes = R * sizeof(BlockQ4_1);
   for (int64_t ib = 0; ib < nb; ++ib) {
+    if (w_stride == nb * sizeof(BlockQ4_1)) prefetch_ahead(w, ib * kStepBytes, kStepBytes);
     const __m128 xd = _mm_load_ps(xsc + 8 * ib);
     const __m128 xs = _mm_load_ps(xsc + 8 * ib + 4);
     __m256i qx[R];
@@ -255,7 +271,10 @@ void row_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t*
     summs[r] = _mm_setzero_ps();
   }
   const auto* xb = reinterpret_cast<const BlockQ8_1*>(x);
+  // The R rows are R * w_stride contiguous bytes, consumed R blocks per step.
+  constexpr size_t kStepBytes = R * sizeof(BlockQ4_1);
   for (int64_t ib = 0; ib < nb; ++ib) {
+    if (w_stride == nb * sizeof(BlockQ4_1)) prefetch_ahead(w, ib * kStepBytes, kStepBytes);
     const __m128 ds = half_pair(&xb[ib].d);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[ib].qs));
     for (int r = 0; r < R; ++r) {
@@ -290,7 +309,9 @@ void tile_x_q8_0(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   alignas(16) float dd[R * 4];
+  constexpr size_t kStepBytes = R * sizeof(Block);
   for (int64_t ib = 0; ib < nb; ++ib) {
+    if (w_stride == nb * sizeof(Block)) prefetch_ahead(w, ib * kStepBytes, kStepBytes);
     const __m128 xd = _mm_load_ps(xsc + 8 * ib);
     __m256i ax[R], qx[R];
     for (int r = 0; r < R; ++r) {
@@ -310,6 +331,31 @@ void tile_x_q8_0(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum_float_8(acc[r][t]);
+}
+
+// One activation row against R Q4_0 / Q8_0 weight rows: vec_dot_q8_0_q8_0_avx2's (and
+// vec_dot_q4_0_q8_0_avx2's) sequence per row — the scalar product d_w * d_x broadcast into
+// one FMA per block, ggml's sign trick for the signed bytes — with the activation block
+// loaded once for the R rows and the weights prefetched ahead.
+template <class Block, int R>
+void row_x_q8_0(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x, float* y) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
+  constexpr size_t kStepBytes = R * sizeof(Block);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    if (w_stride == nb * sizeof(Block)) prefetch_ahead(w, ib * kStepBytes, kStepBytes);
+    const float dx = half_to_float(xb[ib].d);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[ib].qs));
+    for (int r = 0; r < R; ++r) {
+      const auto* b = reinterpret_cast<const Block*>(w + r * w_stride) + ib;
+      const __m256 d = _mm256_set1_ps(half_to_float(b->d) * dx);
+      const __m256i qx = signed_weight_bytes(b);
+      const __m256 q = mul_sum_us8_pairs_float(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+      acc[r] = _mm256_fmadd_ps(d, q, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r] = hsum_float_8(acc[r]);
 }
 
 using TileFn = void (*)(int64_t, const uint8_t*, size_t, const uint8_t*, size_t, const float*,
@@ -352,35 +398,62 @@ void chunk_scales(int64_t nb, const uint8_t* x, size_t x_stride, int tt, float* 
   }
 }
 
-template <template <int, int> class K, class XBlock>
+// One-row (decode) kernels over rows [0, w_rows): 4 rows per pass, then singles.
+template <class XBlock, class WBlock>
+void run_rows(int64_t nb, const uint8_t* w, size_t w_stride, int64_t w_rows, const uint8_t* x,
+              float* y) {
+  int64_t r = 0;
+  if constexpr (sizeof(XBlock) == sizeof(BlockQ8_1)) {
+    for (; r + 4 <= w_rows; r += 4) row_q4_1_q8_1<4>(nb, w + r * w_stride, w_stride, x, y + r, 0);
+    for (; r < w_rows; ++r) row_q4_1_q8_1<1>(nb, w + r * w_stride, w_stride, x, y + r, 0);
+  } else {
+    for (; r + 4 <= w_rows; r += 4) row_x_q8_0<WBlock, 4>(nb, w + r * w_stride, w_stride, x, y + r);
+    for (; r < w_rows; ++r) row_x_q8_0<WBlock, 1>(nb, w + r * w_stride, w_stride, x, y + r);
+  }
+}
+
+// Weight bytes per panel of the batched loop: a panel of weight rows is brought into L1 once
+// and used for every chunk of activation rows before the next panel, so a weight matrix
+// streams from memory once per matmul at any batch size (with activation chunks outermost, a
+// matrix larger than the caches, like the 28 MiB output projection, streamed once per chunk).
+constexpr size_t kPanelBytes = 16 * 1024;
+
+template <template <int, int> class K, class XBlock, class WBlock>
 void run_tiles(int64_t n, const uint8_t* w, size_t w_stride, int64_t w_rows, const uint8_t* x,
                size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
   static constexpr TileFn full[kTileT] = {K<kTileR, 1>::fn, K<kTileR, 2>::fn, K<kTileR, 3>::fn,
                                           K<kTileR, 4>::fn};
   static constexpr TileFn single[kTileT] = {K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn, K<1, 4>::fn};
   const int64_t nb = n / 32;
+  if (x_rows == 1) {
+    run_rows<XBlock, WBlock>(nb, w, w_stride, w_rows, x, y);
+    return;
+  }
+  // The scale table of every chunk of kTileT activation rows, filled once per call.
+  const int64_t num_chunks = (x_rows + kTileT - 1) / kTileT;
   thread_local std::vector<float> scales;
-  if (scales.size() < static_cast<size_t>(8 * nb)) scales.resize(static_cast<size_t>(8 * nb));
-  float* xsc = scales.data();
-  // Activation rows outermost in chunks of kTileT, so a chunk's quantized rows (a few KiB)
-  // stay in L1 while the weight rows stream past.
-  for (int64_t t0 = 0; t0 < x_rows; t0 += kTileT) {
-    const int tt = static_cast<int>(std::min<int64_t>(kTileT, x_rows - t0));
-    const uint8_t* xt = x + t0 * x_stride;
-    float* yt = y + t0 * y_stride;
-    int64_t r = 0;
-    if constexpr (sizeof(XBlock) == sizeof(BlockQ8_1)) {
-      if (tt == 1) {  // decode: the one-row kernel needs no scale table
-        for (; r + 4 <= w_rows; r += 4) row_q4_1_q8_1<4>(nb, w + r * w_stride, w_stride, xt, yt + r, 0);
-        for (; r < w_rows; ++r) row_q4_1_q8_1<1>(nb, w + r * w_stride, w_stride, xt, yt + r, 0);
-        continue;
-      }
+  const size_t chunk_floats = static_cast<size_t>(8 * nb);
+  if (scales.size() < chunk_floats * num_chunks) scales.resize(chunk_floats * num_chunks);
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const int tt = static_cast<int>(std::min<int64_t>(kTileT, x_rows - c * kTileT));
+    chunk_scales<XBlock>(nb, x + c * kTileT * x_stride, x_stride, tt, scales.data() + c * chunk_floats);
+  }
+  const int64_t panel_rows =
+      std::max<int64_t>(kTileR, static_cast<int64_t>(kPanelBytes / w_stride) / kTileR * kTileR);
+  for (int64_t p0 = 0; p0 < w_rows; p0 += panel_rows) {
+    const int64_t p1 = std::min(w_rows, p0 + panel_rows);
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const int64_t t0 = c * kTileT;
+      const int tt = static_cast<int>(std::min<int64_t>(kTileT, x_rows - t0));
+      const uint8_t* xt = x + t0 * x_stride;
+      const float* xsc = scales.data() + c * chunk_floats;
+      float* yt = y + t0 * y_stride;
+      int64_t r = p0;
+      for (; r + kTileR <= p1; r += kTileR)
+        full[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, xsc, yt + r, y_stride);
+      for (; r < p1; ++r)
+        single[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, xsc, yt + r, y_stride);
     }
-    chunk_scales<XBlock>(nb, xt, x_stride, tt, xsc);
-    for (; r + kTileR <= w_rows; r += kTileR)
-      full[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, xsc, yt + r, y_stride);
-    for (; r < w_rows; ++r)
-      single[tt - 1](nb, w + r * w_stride, w_stride, xt, x_stride, xsc, yt + r, y_stride);
   }
 }
 
@@ -446,13 +519,13 @@ bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int6
   const auto* xb = static_cast<const uint8_t*>(x);
   switch (type) {
     case kTileQ4_1:
-      run_tiles<Q41, BlockQ8_1>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      run_tiles<Q41, BlockQ8_1, BlockQ4_1>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
       return true;
     case kTileQ4_0:
-      run_tiles<Q40, BlockQ8_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      run_tiles<Q40, BlockQ8_0, BlockQ4_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
       return true;
     case kTileQ8_0:
-      run_tiles<Q80, BlockQ8_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      run_tiles<Q80, BlockQ8_0, BlockQ8_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
       return true;
     default:
       return false;

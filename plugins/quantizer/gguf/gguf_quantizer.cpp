@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,7 @@ class GgufWeight final : public PreparedWeight {
 // Output rows per task: enough work per task to amortize scheduling, small enough to balance.
 constexpr int64_t kRowsPerTask = 16;
 
-class GgufQuantizer final : public Quantizer {
+class GgufQuantizer final : public Quantizer, public GroupedMatmul {
  public:
   bool supports(uint32_t ggml_type) const override {
     const auto t = static_cast<GgmlType>(ggml_type);
@@ -72,33 +73,57 @@ class GgufQuantizer final : public Quantizer {
 
   void matmul(const PreparedWeight& pw, const float* x, int64_t num_tokens, float* y,
               Executor& executor) override {
-    const auto& w = static_cast<const GgufWeight&>(pw);
-    const GgmlType dot_type = vec_dot_type(w.type());
-    const int64_t cols = w.cols();
-    const int64_t rows = w.rows();
-    const size_t x_row_bytes = ggml_row_size(dot_type, cols);
+    const MatmulTarget target{&pw, y};
+    matmul_group(std::span<const MatmulTarget>(&target, 1), x, num_tokens, executor);
+  }
 
-    // Quantize each activation row once; every output row reuses it.
-    const void* xq = x;
-    if (dot_type != GgmlType::F32) {
-      const size_t needed = x_row_bytes * static_cast<size_t>(num_tokens);
-      if (activations_.size() < needed) activations_.resize(needed);
-      executor.run(num_tokens, [&](int64_t begin, int64_t end, int) {
-        for (int64_t t = begin; t < end; ++t)
-          quantize_activation_row(dot_type, x + t * cols, activations_.data() + t * x_row_bytes, cols);
-      });
-      xq = activations_.data();
+  // All targets' rows in one parallel pass over kRowsPerTask-row tasks numbered across the
+  // targets in order; the input is quantized once per dot type. Each output element is the
+  // vec_dot_tile of its pair, so the grouping does not change any result.
+  void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t num_tokens,
+                    Executor& executor) override {
+    if (targets.empty() || num_tokens <= 0) return;
+    const int64_t cols = targets.front().weight->cols();
+    int64_t num_tasks = 0;
+    size_t num_parts = 0, num_inputs = 0;
+    for (const MatmulTarget& t : targets) {
+      const auto& w = static_cast<const GgufWeight&>(*t.weight);
+      const GgmlType dot_type = vec_dot_type(w.type());
+      Part part{&w, t.y, num_tasks, nullptr, ggml_row_size(dot_type, cols)};
+      // The input in this weight's dot type: quantized by an earlier target of the same dot
+      // type, or now.
+      for (size_t i = 0; i < num_parts && part.x == nullptr; ++i)
+        if (vec_dot_type(parts_[i].weight->type()) == dot_type) part.x = parts_[i].x;
+      if (part.x == nullptr) {
+        if (num_inputs == kBuffers) {  // more distinct input types than buffers: no grouping
+          for (const MatmulTarget& one : targets)
+            matmul_group(std::span<const MatmulTarget>(&one, 1), x, num_tokens, executor);
+          return;
+        }
+        part.x = quantized_input(activations_[num_inputs++], dot_type, x, cols, num_tokens,
+                                 executor);
+      }
+      num_tasks += (w.rows() + kRowsPerTask - 1) / kRowsPerTask;
+      if (parts_.size() <= num_parts) parts_.resize(num_parts + 1);
+      parts_[num_parts++] = part;
     }
-    const auto* xb = static_cast<const uint8_t*>(xq);
-    const int64_t num_tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+    const Part* parts = parts_.data();
     executor.run(num_tasks, [&](int64_t begin, int64_t end, int) {
-      const int64_t r0 = begin * kRowsPerTask;
-      const int64_t r1 = std::min(rows, end * kRowsPerTask);
-      // A tile of weight rows x activation rows per pass: each weight block is unpacked once
-      // for several tokens, each activation block loaded once for several rows. Every output
-      // element equals vec_dot of its pair bit for bit, whatever the tiling.
-      vec_dot_tile(w.type(), cols, w.row(r0), w.row_bytes(), r1 - r0, xb, x_row_bytes,
-                   num_tokens, y + r0, rows);
+      // The range may span several targets: run the piece that falls in each.
+      for (size_t i = 0; i < num_parts && begin < end; ++i) {
+        const Part& p = parts[i];
+        const int64_t rows = p.weight->rows();
+        const int64_t part_end = p.first_task + (rows + kRowsPerTask - 1) / kRowsPerTask;
+        if (begin >= part_end) continue;
+        const int64_t stop = std::min(end, part_end);
+        const int64_t r0 = (begin - p.first_task) * kRowsPerTask;
+        const int64_t r1 = std::min(rows, (stop - p.first_task) * kRowsPerTask);
+        // A tile of weight rows x activation rows per pass: each weight block is unpacked
+        // once for several tokens, each activation block loaded once for several rows.
+        vec_dot_tile(p.weight->type(), cols, p.weight->row(r0), p.weight->row_bytes(), r1 - r0,
+                     p.x, p.x_row_bytes, num_tokens, p.y + r0, rows);
+        begin = stop;
+      }
     });
   }
 
@@ -113,7 +138,42 @@ class GgufQuantizer final : public Quantizer {
   }
 
  private:
-  std::vector<uint8_t> activations_;  // quantized activations, grown on demand
+  // One target of a grouped matmul: its weight, output, first task number and input.
+  struct Part {
+    const GgufWeight* weight;
+    float* y;
+    int64_t first_task;
+    const uint8_t* x;
+    size_t x_row_bytes;
+  };
+
+  // x in `dot_type` (F32: x itself). Rows are quantized on the calling thread when there are
+  // few of them: a parallel pass (and its barrier) costs more than quantizing a decode batch.
+  static const uint8_t* quantized_input(std::vector<uint8_t>& buffer, GgmlType dot_type,
+                                        const float* x, int64_t cols, int64_t num_tokens,
+                                        Executor& executor) {
+    if (dot_type == GgmlType::F32) return reinterpret_cast<const uint8_t*>(x);
+    const size_t row_bytes = ggml_row_size(dot_type, cols);
+    const size_t needed = row_bytes * static_cast<size_t>(num_tokens);
+    if (buffer.size() < needed) buffer.resize(needed);
+    uint8_t* out = buffer.data();
+    const auto quantize = [&](int64_t begin, int64_t end, int) {
+      for (int64_t t = begin; t < end; ++t)
+        quantize_activation_row(dot_type, x + t * cols, out + t * row_bytes, cols);
+    };
+    if (num_tokens * cols <= kSerialQuantizeElements) {
+      quantize(0, num_tokens, 0);
+    } else {
+      executor.run(num_tokens, quantize);
+    }
+    return out;
+  }
+
+  // One buffer per distinct input type of a group (a group may mix e.g. Q8_1 and Q8_0).
+  static constexpr size_t kBuffers = 4;
+  static constexpr int64_t kSerialQuantizeElements = 16 * 1536;
+  std::vector<uint8_t> activations_[kBuffers];  // quantized inputs, grown on demand
+  std::vector<Part> parts_;                     // per-call scratch, capacity kept
 };
 
 }  // namespace

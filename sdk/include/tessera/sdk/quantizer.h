@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "tessera/sdk/executor.h"
 #include "tessera/sdk/plugin.h"
@@ -46,6 +47,24 @@ class Quantizer {
                       float* y, Executor& executor) = 0;
   // Dequantizes row `row` into `out` (cols floats): embedding lookups.
   virtual void dequantize_row(const PreparedWeight& weight, int64_t row, float* out) = 0;
+};
+
+// One weight of a grouped matmul and where its output goes ([num_tokens][weight.rows()]).
+struct MatmulTarget {
+  const PreparedWeight* weight = nullptr;
+  float* y = nullptr;
+};
+
+// Optional capability of a Quantizer, found with dynamic_cast (no vtable grows, the SDK ABI is
+// unchanged): several weights applied to the same input, such as a layer's q/k/v or gate/up
+// projections. A quantizer implementing it converts the input once and splits the rows of
+// all the weights over one parallel pass, instead of one conversion and one pass (each ending
+// in a barrier) per weight. Each output must equal what matmul() would write for it.
+class GroupedMatmul {
+ public:
+  virtual ~GroupedMatmul() = default;
+  virtual void matmul_group(std::span<const MatmulTarget> targets, const float* x,
+                            int64_t num_tokens, Executor& executor) = 0;
 };
 
 template <> struct PluginKindOf<Quantizer> {
