@@ -56,16 +56,29 @@ class FlashAttention final : public AttentionKernel {
                               std::to_string(shape.num_kv_heads) + ")");
     int32_t max_queries = 1;
     int32_t max_context = 1;
+    const int32_t group = shape.num_heads / shape.num_kv_heads;
+    const int32_t num_threads = std::max(1, executor.num_threads());
+    // A small decode batch has fewer (sequence, KV head) tasks than keep the threads evenly
+    // busy (batch 1 of a 3-KV-head model: 3 tasks on 2 threads, one thread does 2). Then each
+    // decode task is split per query head: a decode row reads K/V in place, so a split costs
+    // no extra copying, only K/V reads that hit the cache.
+    int64_t decode_tasks = 0;
+    for (const AttentionSequence& seq : batch.sequences)
+      if (seq.num_queries == 1) decode_tasks += shape.num_kv_heads;
+    const bool split_heads = decode_tasks > 0 && decode_tasks < 4 * num_threads;
     tasks_.clear();
     for (size_t i = 0; i < batch.sequences.size(); ++i) {
       const AttentionSequence& seq = batch.sequences[i];
       max_queries = std::max(max_queries, seq.num_queries);
       max_context = std::max(max_context, seq.context_len);
+      const int32_t heads_per_task = split_heads && seq.num_queries == 1 ? 1 : group;
       for (int32_t q = 0; q < seq.num_queries; q += query_tile_) {
         const int32_t q_end = std::min(seq.num_queries, q + query_tile_);
         const int64_t visible = seq.context_len - seq.num_queries + q_end;
         for (int32_t h = 0; h < shape.num_kv_heads; ++h)
-          tasks_.push_back({static_cast<int32_t>(i), h, q, q_end, (q_end - q) * visible});
+          for (int32_t g = 0; g < group; g += heads_per_task)
+            tasks_.push_back({static_cast<int32_t>(i), h, q, q_end, g, g + heads_per_task,
+                              (q_end - q) * visible * heads_per_task});
       }
     }
     if (tasks_.empty()) return Status::ok();
@@ -77,11 +90,11 @@ class FlashAttention final : public AttentionKernel {
       if (a.cost != b.cost) return a.cost > b.cost;
       if (a.seq != b.seq) return a.seq < b.seq;
       if (a.kv_head != b.kv_head) return a.kv_head < b.kv_head;
+      if (a.head_begin != b.head_begin) return a.head_begin < b.head_begin;
       return a.q_begin < b.q_begin;
     });
 
     const Layout lay = layout(shape, max_queries, max_context);
-    const int32_t num_threads = std::max(1, executor.num_threads());
     if (static_cast<int32_t>(scratch_.size()) < num_threads) scratch_.resize(num_threads);
     // Sized once for full tiles (the most any call can need), not for this call's context:
     // growing with a short context would reallocate during decode.

@@ -9,13 +9,17 @@
 
 namespace tessera::flash {
 
-// One unit of parallel work: query positions [q_begin, q_end) of one sequence, for every
-// query head of one KV head.
+// One unit of parallel work: query positions [q_begin, q_end) of one sequence, for query
+// heads [head_begin, head_end) of the group that shares KV head `kv_head` (the whole group
+// unless a small decode batch is split per head to keep every thread busy). Every query row
+// is computed the same way whatever task holds it.
 struct Task {
   int32_t seq = 0;
   int32_t kv_head = 0;
   int32_t q_begin = 0;
   int32_t q_end = 0;
+  int32_t head_begin = 0;  // within the group: query head kv_head * group + head_begin ...
+  int32_t head_end = 0;
   int64_t cost = 0;  // rows x visible K/V positions, to start the longest tasks first
 };
 

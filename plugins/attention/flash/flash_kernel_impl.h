@@ -28,34 +28,47 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-// dot(a, b) over n floats. The portable loop keeps eight independent partial sums so the
-// compiler can vectorize it without reassociating (no -ffast-math needed).
-inline float dot(const float* a, const float* b, int32_t n) {
+// K/V elements as floats: a float row as is, an f16 row widened (exactly) on the fly.
+inline float widen(float v) { return v; }
+inline float widen(uint16_t v) { return fp16_to_fp32(v); }
+#if TESSERA_FLASH_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
+// dot(a, b) over n elements. The portable loop keeps eight independent partial sums so the
+// compiler can vectorize it without reassociating (no -ffast-math needed). b may be f16: its
+// elements widen exactly, so the result is the same as over a widened copy.
+template <class T>
+inline float dot(const float* a, const T* b, int32_t n) {
   int32_t k = 0;
   float sum = 0.0f;
 #if TESSERA_FLASH_AVX2
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (; k + 16 <= n; k += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), acc1);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), load8(b + k), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), load8(b + k + 8), acc1);
   }
-  for (; k + 8 <= n; k += 8)
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc0);
+  for (; k + 8 <= n; k += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), load8(b + k), acc0);
   sum = hsum(_mm256_add_ps(acc0, acc1));
 #else
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; k + 8 <= n; k += 8)
-    for (int32_t l = 0; l < 8; ++l) acc[l] += a[k + l] * b[k + l];
+    for (int32_t l = 0; l < 8; ++l) acc[l] += a[k + l] * widen(b[k + l]);
   sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 #endif
-  for (; k < n; ++k) sum += a[k] * b[k];
+  for (; k < n; ++k) sum += a[k] * widen(b[k]);
   return sum;
 }
 
-// o[0..d) = alpha * o + sum over c < cols of p[c] * v[c][0..d). The AVX2 build keeps a
-// 32-float slice of o in registers across all columns.
-inline void rescale_accumulate(float* o, float alpha, const float* p, const float* v,
-                               int32_t cols, int32_t d) {
+// o[0..d) = alpha * o + sum over c < cols of p[c] * v_row(c)[0..d). The AVX2 build keeps a
+// 32-float slice of o in registers across all columns. VRow maps a column to its V row
+// (float or f16 elements).
+template <class VRow>
+inline void rescale_accumulate(float* o, float alpha, const float* p, VRow v_row, int32_t cols,
+                               int32_t d) {
   int32_t k0 = 0;
 #if TESSERA_FLASH_AVX2
   const __m256 a = _mm256_set1_ps(alpha);
@@ -64,13 +77,13 @@ inline void rescale_accumulate(float* o, float alpha, const float* p, const floa
     __m256 o1 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 8));
     __m256 o2 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 16));
     __m256 o3 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 24));
-    const float* vc = v + k0;
-    for (int32_t c = 0; c < cols; ++c, vc += d) {
+    for (int32_t c = 0; c < cols; ++c) {
+      const auto* vc = v_row(c) + k0;
       const __m256 pc = _mm256_set1_ps(p[c]);
-      o0 = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc), o0);
-      o1 = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + 8), o1);
-      o2 = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + 16), o2);
-      o3 = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + 24), o3);
+      o0 = _mm256_fmadd_ps(pc, load8(vc), o0);
+      o1 = _mm256_fmadd_ps(pc, load8(vc + 8), o1);
+      o2 = _mm256_fmadd_ps(pc, load8(vc + 16), o2);
+      o3 = _mm256_fmadd_ps(pc, load8(vc + 24), o3);
     }
     _mm256_storeu_ps(o + k0, o0);
     _mm256_storeu_ps(o + k0 + 8, o1);
@@ -83,8 +96,8 @@ inline void rescale_accumulate(float* o, float alpha, const float* p, const floa
     for (int32_t k = k0; k < d; ++k) o[k] *= alpha;
   for (int32_t c = 0; c < cols; ++c) {
     const float pc = p[c];
-    const float* vc = v + static_cast<size_t>(c) * d;
-    for (int32_t k = k0; k < d; ++k) o[k] += pc * vc[k];
+    const auto* vc = v_row(c);
+    for (int32_t k = k0; k < d; ++k) o[k] += pc * widen(vc[k]);
   }
 }
 
@@ -123,12 +136,68 @@ inline void load_tile(const AttentionShape& s, const void* pool, const Attention
   }
 }
 
+// The pool row of K/V head `kv_head` at position `pos` of a sequence (elements of type T).
+template <class T>
+inline const T* pool_row(const AttentionShape& s, const void* pool, const AttentionSequence& seq,
+                         int32_t pos, int32_t kv_head) {
+  const int64_t row_stride = static_cast<int64_t>(s.num_kv_heads) * s.head_dim;
+  const int64_t slot = static_cast<int64_t>(seq.block_table[pos / s.block_size]) * s.block_size +
+                       pos % s.block_size;
+  return static_cast<const T*>(pool) + slot * row_stride + static_cast<int64_t>(kv_head) * s.head_dim;
+}
+
+constexpr int32_t kPrefetchRows = 8;
+
+template <class T>
+inline void prefetch_row(const T* row, int32_t d) {
+#if TESSERA_FLASH_AVX2
+  const char* p = reinterpret_cast<const char*>(row);
+  for (size_t o = 0; o < d * sizeof(T); o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+#else
+  (void)row;
+  (void)d;
+#endif
+}
+
+// One query row's online softmax over the visible positions [0, kv_end), reading K and V
+// through per-tile row pointers: rows(c) of tile j0 is K or V at position j0 + c.
+// Same operations in the same order as the tiled loop below, so the two agree bit for bit.
+template <class KRow, class VRow>
+inline void attend_row(const float* q, float* o, float* m, double* l, float* srow, float scale,
+                       int32_t d, int32_t kv_tile, int32_t kv_end, KRow k_row, VRow v_row) {
+  for (int32_t j0 = 0; j0 < kv_end; j0 += kv_tile) {
+    const int32_t cols = std::min(j0 + kv_tile, kv_end) - j0;
+    float tile_max = -std::numeric_limits<float>::infinity();
+    for (int32_t c = 0; c < cols; ++c) {
+      // Decode reads each K/V row once per token, and the weights streamed since the last
+      // token have usually pushed them out of cache: ask for K a few rows ahead and for this
+      // tile's V rows (used right after the scores) while the dots run.
+      if (j0 + c + kPrefetchRows < kv_end) prefetch_row(k_row(j0 + c + kPrefetchRows), d);
+      prefetch_row(v_row(j0 + c), d);
+      srow[c] = dot(q, k_row(j0 + c), d) * scale;
+      tile_max = std::max(tile_max, srow[c]);
+    }
+    const float new_max = std::max(*m, tile_max);
+    // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
+    const float alpha = std::exp(*m - new_max);
+    double sum = 0.0;
+    for (int32_t c = 0; c < cols; ++c) {
+      srow[c] = std::exp(srow[c] - new_max);
+      sum += srow[c];
+    }
+    rescale_accumulate(o, alpha, srow, [&](int32_t c) { return v_row(j0 + c); }, cols, d);
+    *l = *l * alpha + sum;
+    *m = new_max;
+  }
+}
+
 void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const Task& task,
                    const Layout& lay, float* scratch) {
   const AttentionSequence& seq = batch.sequences[task.seq];
   const int32_t d = s.head_dim;
   const int32_t group = s.num_heads / s.num_kv_heads;
   const int32_t num_q = task.q_end - task.q_begin;
+  const int32_t hb = task.head_begin, he = task.head_end;
   const int32_t rows = num_q * group;  // row r = query (r / group), head kv_head*group + r % group
   const int64_t q_stride = static_cast<int64_t>(s.num_heads) * d;
   // Query i may see positions [0, first_visible_end + i).
@@ -148,7 +217,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
     const float* src = batch.q + (seq.query_start + task.q_begin + i) * q_stride +
                        static_cast<int64_t>(task.kv_head) * group * d;
     float* dst = q_tile + static_cast<size_t>(i) * group * d;
-    for (int32_t k = 0; k < group * d; ++k)
+    for (int32_t k = hb * d; k < he * d; ++k)
       dst[k] = half ? fp16_to_fp32(fp32_to_fp16(src[k])) : src[k];
   }
   std::fill(o_tile, o_tile + static_cast<size_t>(rows) * d, 0.0f);
@@ -156,33 +225,52 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   std::fill(l, l + rows, 0.0);
 
   const int32_t kv_end = first_visible_end + task.q_end - 1;  // exclusive, for the last query
-  for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
-    const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
-    load_tile(s, batch.k_pool, seq, j0, j1, task.kv_head, k_tile);
-    load_tile(s, batch.v_pool, seq, j0, j1, task.kv_head, v_tile);
-    for (int32_t i = 0; i < num_q; ++i) {
-      // Causal mask: the visible part of this tile is a prefix of it.
-      const int32_t cols = std::min(j1, first_visible_end + task.q_begin + i) - j0;
-      if (cols <= 0) continue;
-      for (int32_t g = 0; g < group; ++g) {
-        const int32_t r = i * group + g;
-        const float* q = q_tile + static_cast<size_t>(r) * d;
-        float tile_max = -std::numeric_limits<float>::infinity();
-        for (int32_t c = 0; c < cols; ++c) {
-          srow[c] = dot(q, k_tile + static_cast<size_t>(c) * d, d) * s.scale;
-          tile_max = std::max(tile_max, srow[c]);
+  if (num_q == 1) {
+    // One query position (decode): nothing would reuse a widened tile, so K and V are read
+    // where they lie in the pool, f16 rows widened in registers.
+    const auto run = [&](auto element) {
+      using T = decltype(element);
+      const auto k_row = [&](int32_t pos) { return pool_row<T>(s, batch.k_pool, seq, pos, task.kv_head); };
+      const auto v_row = [&](int32_t pos) { return pool_row<T>(s, batch.v_pool, seq, pos, task.kv_head); };
+      for (int32_t g = hb; g < he; ++g)
+        attend_row(q_tile + static_cast<size_t>(g) * d, o_tile + static_cast<size_t>(g) * d, m + g,
+                   l + g, srow, s.scale, d, lay.kv_tile, kv_end, k_row, v_row);
+    };
+    if (half) {
+      run(uint16_t{});
+    } else {
+      run(float{});
+    }
+  } else {
+    for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
+      const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
+      load_tile(s, batch.k_pool, seq, j0, j1, task.kv_head, k_tile);
+      load_tile(s, batch.v_pool, seq, j0, j1, task.kv_head, v_tile);
+      const auto v_row = [&](int32_t c) -> const float* { return v_tile + static_cast<size_t>(c) * d; };
+      for (int32_t i = 0; i < num_q; ++i) {
+        // Causal mask: the visible part of this tile is a prefix of it.
+        const int32_t cols = std::min(j1, first_visible_end + task.q_begin + i) - j0;
+        if (cols <= 0) continue;
+        for (int32_t g = hb; g < he; ++g) {
+          const int32_t r = i * group + g;
+          const float* q = q_tile + static_cast<size_t>(r) * d;
+          float tile_max = -std::numeric_limits<float>::infinity();
+          for (int32_t c = 0; c < cols; ++c) {
+            srow[c] = dot(q, k_tile + static_cast<size_t>(c) * d, d) * s.scale;
+            tile_max = std::max(tile_max, srow[c]);
+          }
+          const float new_max = std::max(m[r], tile_max);
+          // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
+          const float alpha = std::exp(m[r] - new_max);
+          double sum = 0.0;
+          for (int32_t c = 0; c < cols; ++c) {
+            srow[c] = std::exp(srow[c] - new_max);
+            sum += srow[c];
+          }
+          rescale_accumulate(o_tile + static_cast<size_t>(r) * d, alpha, srow, v_row, cols, d);
+          l[r] = l[r] * alpha + sum;
+          m[r] = new_max;
         }
-        const float new_max = std::max(m[r], tile_max);
-        // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
-        const float alpha = std::exp(m[r] - new_max);
-        double sum = 0.0;
-        for (int32_t c = 0; c < cols; ++c) {
-          srow[c] = std::exp(srow[c] - new_max);
-          sum += srow[c];
-        }
-        rescale_accumulate(o_tile + static_cast<size_t>(r) * d, alpha, srow, v_tile, cols, d);
-        l[r] = l[r] * alpha + sum;
-        m[r] = new_max;
       }
     }
   }
@@ -190,7 +278,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   for (int32_t i = 0; i < num_q; ++i) {
     float* dst = batch.out + (seq.query_start + task.q_begin + i) * q_stride +
                  static_cast<int64_t>(task.kv_head) * group * d;
-    for (int32_t g = 0; g < group; ++g) {
+    for (int32_t g = hb; g < he; ++g) {
       const int32_t r = i * group + g;
       const float inv = static_cast<float>(1.0 / l[r]);  // l >= 1: the max term is exp(0)
       const float* o = o_tile + static_cast<size_t>(r) * d;

@@ -360,3 +360,41 @@ TEST_CASE("attention.naive: the AVX2 build gives the portable build's bits") {
     }
   }
 }
+
+TEST_CASE("attention.flash: one-query tasks (K/V read in place, heads split) give the tiled path's bits") {
+  // Decode rows skip the widened K/V tile and, in small batches, run one task per query head;
+  // both only reorganize work, so each output row must be bit-identical to the tiled loop's.
+  // query_tile 1 sends every prompt row through the one-query path; query_tile 64 keeps
+  // prompt rows on the tiled path; a batch of decodes alone (1 and 2 sequences on 2 threads)
+  // is split per head, which a decode mixed into a prompt batch is not.
+  ThreadPool pool(2);
+  std::mt19937 rng(777);
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+    for (const std::string simd : {"auto", "off"}) {
+      auto one_query = make_kernel("flash", "{query_tile: 1, tile_size: 16, simd: " + simd + "}");
+      auto tiled = make_kernel("flash", "{query_tile: 64, tile_size: 16, simd: " + simd + "}");
+      CAPTURE(kv_dtype_name(dtype));
+      CAPTURE(simd);
+      const Problem prompts = make_problem(rng, 9, 3, 64, 16, dtype, {{150, 40}, {33, 33}});
+      const std::vector<float> a = run_kernel(*one_query, prompts, pool);
+      const std::vector<float> b = run_kernel(*tiled, prompts, pool);
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      // Four decodes together are 12 (sequence, KV head) tasks, enough for 2 threads: not
+      // split. Each decode alone is 3 tasks: split per query head. Its row must not change.
+      const Problem decodes = make_problem(rng, 9, 3, 64, 16, dtype, {{70, 1}, {83, 1}, {5, 1}, {129, 1}});
+      const std::vector<float> together = run_kernel(*tiled, decodes, pool);
+      CHECK(max_abs_diff(together, reference(decodes)) <= (dtype == KvDtype::kF16 ? kTolF16 : kTolF32));
+      const size_t row = static_cast<size_t>(decodes.shape.num_heads) * decodes.shape.head_dim;
+      for (size_t i = 0; i < decodes.sequences.size(); ++i) {
+        Problem alone = decodes;  // same pools and tables, one sequence, its query row only
+        alone.sequences = {decodes.sequences[i]};
+        alone.sequences[0].query_start = 0;
+        alone.q.assign(decodes.q.begin() + i * row, decodes.q.begin() + (i + 1) * row);
+        alone.num_rows = 1;
+        const std::vector<float> split = run_kernel(*tiled, alone, pool);
+        CAPTURE(i);
+        CHECK(std::memcmp(split.data(), together.data() + i * row, row * sizeof(float)) == 0);
+      }
+    }
+  }
+}
