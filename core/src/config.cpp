@@ -4,6 +4,7 @@
 // The files are first turned into a small tree of our own (Tree) that remembers, for every
 // key and value, the file and line:col it came from; merging `extends:` chains works on that
 // tree, so a message about a key set in a base file still points into the base file.
+#include "text_util.h"
 #include "tessera/config.h"
 
 #include <yaml-cpp/yaml.h>
@@ -73,14 +74,7 @@ namespace {
 
 // --- small text helpers -------------------------------------------------------------------
 
-std::string join(const std::vector<std::string>& items, const char* separator) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i) out += separator;
-    out += items[i];
-  }
-  return out;
-}
+using detail::join;
 
 std::string trim(std::string_view s) {
   size_t b = 0, e = s.size();

@@ -1,5 +1,6 @@
 // Plugin registry: Boost.DLL loading, manifest checks, and objects that keep their library
 // loaded. See tessera/plugin_registry.h for the contract.
+#include "text_util.h"
 #include "tessera/plugin_registry.h"
 
 #include <dlfcn.h>
@@ -45,14 +46,7 @@ bool load_error_matches(const std::string& error_name, std::string_view name) {
          error_name[error_name.size() - name.size() - 1] == '-';
 }
 
-std::string join(const std::vector<std::string>& items, const char* separator) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i) out += separator;
-    out += items[i];
-  }
-  return out;
-}
+using detail::join;
 
 const char* article_for(const char* word) {
   return std::strchr("aeiou", word[0]) ? "an" : "a";
