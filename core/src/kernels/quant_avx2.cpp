@@ -259,38 +259,51 @@ void tile_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t
 
 // The 2 x 4 tile (prefill and batched decode spend most of their time here), written with
 // named accumulators: the generic template's arrays made GCC store all 8 accumulators back to
-// the stack every block and spill the scale addresses. Same operations per element as the
-// template (and so as vec_dot_q4_1_q8_1_avx2).
+// the stack every block and spill the scale addresses. Two more savings, each measured on an
+// L1-resident microbenchmark (min of 30, TSC ticks per block pair: 2.34 -> 2.09):
+// - each scale product d_w * d_x is formed in registers as broadcast(d_w) * broadcast(d_x) —
+//   the same float product in every lane — instead of a 4-lane product stored to the stack
+//   and broadcast back;
+// - the nibbles are unpacked from one 128-bit broadcast load with a per-lane shift (0 for
+//   the low lane, 4 for the high) and a mask, instead of shift + insert + mask.
+// Same operations per element as the template (and so as vec_dot_q4_1_q8_1_avx2).
 void tile_q4_1_q8_1_2x4(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* x,
                         size_t x_stride, const float* xsc, float* y, int64_t y_stride) {
   __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
   __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
   __m128 summs0 = _mm_setzero_ps(), summs1 = summs0;
-  alignas(32) float dd[8];
   const auto* w0 = reinterpret_cast<const BlockQ4_1*>(w);
   const auto* w1 = reinterpret_cast<const BlockQ4_1*>(w + w_stride);
   const auto* x0 = reinterpret_cast<const BlockQ8_1*>(x);
   const auto* x1 = reinterpret_cast<const BlockQ8_1*>(x + x_stride);
   const auto* x2 = reinterpret_cast<const BlockQ8_1*>(x + 2 * x_stride);
   const auto* x3 = reinterpret_cast<const BlockQ8_1*>(x + 3 * x_stride);
+  const __m256i low_mask = _mm256_set1_epi8(0xF);
+  const __m256i lane_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+  const auto nibbles = [&](const uint8_t* qs) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_broadcastsi128_si256(packed), lane_shift),
+                            low_mask);
+  };
   const bool prefetch = w_stride == nb * sizeof(BlockQ4_1);
   for (int64_t ib = 0; ib < nb; ++ib) {
     if (prefetch) prefetch_ahead(w, ib * 2 * sizeof(BlockQ4_1), 2 * sizeof(BlockQ4_1));
-    const __m128 xd = _mm_load_ps(xsc + 8 * ib);
-    const __m128 xs = _mm_load_ps(xsc + 8 * ib + 4);
+    const float* xd = xsc + 8 * ib;  // d_x of the 4 rows, then s_x of the 4 rows
+    const __m128 xs = _mm_load_ps(xd + 4);
     const __m128 dm0 = half_pair(&w0[ib].d);
     const __m128 dm1 = half_pair(&w1[ib].d);
-    _mm_store_ps(dd, _mm_mul_ps(_mm_shuffle_ps(dm0, dm0, 0x00), xd));
-    _mm_store_ps(dd + 4, _mm_mul_ps(_mm_shuffle_ps(dm1, dm1, 0x00), xd));
     summs0 = _mm_add_ps(summs0, _mm_mul_ps(_mm_shuffle_ps(dm0, dm0, 0x55), xs));
     summs1 = _mm_add_ps(summs1, _mm_mul_ps(_mm_shuffle_ps(dm1, dm1, 0x55), xs));
-    const __m256i q0 = bytes_from_nibbles_32(w0[ib].qs);
-    const __m256i q1 = bytes_from_nibbles_32(w1[ib].qs);
+    const __m256 d0 = _mm256_broadcastss_ps(dm0);
+    const __m256 d1 = _mm256_broadcastss_ps(dm1);
+    const __m256i q0 = nibbles(w0[ib].qs);
+    const __m256i q1 = nibbles(w1[ib].qs);
 #define TESSERA_TILE_STEP(xb, t, acc0, acc1)                                                \
     {                                                                                      \
       const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[ib].qs)); \
-      acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(dd + t), mul_sum_us8_pairs_float(q0, qy), acc0); \
-      acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(dd + 4 + t), mul_sum_us8_pairs_float(q1, qy), acc1); \
+      const __m256 dx = _mm256_broadcast_ss(xd + t);                                      \
+      acc0 = _mm256_fmadd_ps(_mm256_mul_ps(d0, dx), mul_sum_us8_pairs_float(q0, qy), acc0); \
+      acc1 = _mm256_fmadd_ps(_mm256_mul_ps(d1, dx), mul_sum_us8_pairs_float(q1, qy), acc1); \
     }
     TESSERA_TILE_STEP(x0, 0, a00, a10)
     TESSERA_TILE_STEP(x1, 1, a01, a11)
