@@ -53,6 +53,13 @@ void CpuBackend::rope(float* x, const int32_t* positions, int64_t rows, int32_t 
 void CpuBackend::silu_mul(float* gate, const float* up, int64_t n) {
   // llama.cpp's SwiGLU uses its vectorized exp on whole groups of 8 and libm's expf on the
   // tail; the FFN width is a multiple of 8 in every supported model, so ggml_expf throughout.
+  // A decode batch's few thousand elements take about a microsecond: less than a parallel
+  // pass and its barrier would cost, so small inputs stay on the calling thread.
+  constexpr int64_t kSerialElements = 8192;
+  if (n <= kSerialElements) {
+    silu_mul_range(gate, up, 0, n);
+    return;
+  }
   pool_.run(n, [&](int64_t begin, int64_t end, int) { silu_mul_range(gate, up, begin, end); });
 }
 
