@@ -44,8 +44,14 @@ struct Q6_KBlock {
   int8_t scales[16];
   uint16_t d;
 };
+struct Q8_KBlock {
+  float d;
+  int8_t qs[256];
+  int16_t bsums[16];
+};
 static_assert(sizeof(Q4_0Block) == 18 && sizeof(Q4_1Block) == 20 && sizeof(Q8_0Block) == 34 &&
-              sizeof(Q8_1Block) == 36 && sizeof(Q4_KBlock) == 144 && sizeof(Q6_KBlock) == 210);
+              sizeof(Q8_1Block) == 36 && sizeof(Q4_KBlock) == 144 && sizeof(Q6_KBlock) == 210 &&
+              sizeof(Q8_KBlock) == 292);
 
 std::vector<float> random_floats(int64_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -68,6 +74,37 @@ std::vector<float> dequantize(GgmlType type, const void* data, int64_t n) {
   return out;
 }
 
+bool is_k_quant(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_K; }
+
+// Whether a row of n elements is whole blocks of t (the K-quants need multiples of 256).
+bool fits(GgmlType t, int64_t n) { return n % tessera::ggml_type_traits(t).block_size == 0; }
+
+// A weight row of type t. The K-quants have no quantizer here (GGUF files bring them already
+// quantized), so their rows are random bytes — every bit pattern is a valid block — with the
+// fp16 super-block scales set to values that keep the weights in a model-like range.
+std::vector<uint8_t> weight_row(GgmlType t, int64_t n, uint32_t seed, float scale, float offset) {
+  if (!is_k_quant(t)) {
+    std::vector<float> f = random_floats(n, seed, scale);
+    for (auto& v : f) v += offset;
+    return quantize(t, f);
+  }
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> w(tessera::ggml_row_size(t, n));
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  for (int64_t ib = 0; ib < n / 256; ++ib) {
+    if (t == GgmlType::Q4_K) {
+      auto* b = reinterpret_cast<Q4_KBlock*>(w.data()) + ib;
+      b->d = tessera::fp32_to_fp16(scale * 0.002f * u(rng));     // d * 63 * 15 ~ 2 * scale
+      b->dmin = tessera::fp32_to_fp16(scale * 0.001f * u(rng));
+    } else {
+      auto* b = reinterpret_cast<Q6_KBlock*>(w.data()) + ib;
+      b->d = tessera::fp32_to_fp16(scale * 0.0005f * u(rng));    // d * 128 * 32 ~ 2 * scale
+    }
+  }
+  return w;
+}
+
 float max_abs(const float* x, int n) {
   float m = 0.0f;
   for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
@@ -88,10 +125,8 @@ struct DotCase {
 DotCase make_dot_case(GgmlType type, int64_t n, uint32_t seed) {
   DotCase c{type, n, {}, {}};
   // Weights with an offset so Q4_1's min term is not trivially small.
-  std::vector<float> wf = random_floats(n, seed, 0.5f);
-  for (auto& v : wf) v += 0.1f;
+  c.w = weight_row(type, n, seed, 0.5f, 0.1f);
   const std::vector<float> xf = random_floats(n, seed + 1000, 2.0f);
-  c.w = quantize(type, wf);
   c.x = quantize(tessera::vec_dot_type(type), xf);
   const std::vector<float> wd = dequantize(type, c.w.data(), n);
   const std::vector<float> xd = dequantize(tessera::vec_dot_type(type), c.x.data(), n);
@@ -103,8 +138,8 @@ DotCase make_dot_case(GgmlType type, int64_t n, uint32_t seed) {
   return c;
 }
 
-const GgmlType kDotTypes[] = {GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1,
-                              GgmlType::Q8_0};
+const GgmlType kDotTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::Q4_0, GgmlType::Q4_1,
+                              GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
 
 }  // namespace
 
@@ -114,21 +149,26 @@ TEST_CASE("dispatch tables: vec_dot_type, has_vec_dot, unsupported types") {
   CHECK(tessera::vec_dot_type(GgmlType::Q4_0) == GgmlType::Q8_0);
   CHECK(tessera::vec_dot_type(GgmlType::Q4_1) == GgmlType::Q8_1);
   CHECK(tessera::vec_dot_type(GgmlType::Q8_0) == GgmlType::Q8_0);
+  CHECK(tessera::vec_dot_type(GgmlType::Q4_K) == GgmlType::Q8_K);
+  CHECK(tessera::vec_dot_type(GgmlType::Q6_K) == GgmlType::Q8_K);
   CHECK(tessera::vec_dot_type(GgmlType::BF16) == GgmlType::F32);
+  CHECK(tessera::vec_dot_type(GgmlType::Q5_K) == GgmlType::F32);
   for (GgmlType t : kDotTypes) CHECK(tessera::has_vec_dot(t));
   CHECK_FALSE(tessera::has_vec_dot(GgmlType::BF16));
-  CHECK_FALSE(tessera::has_vec_dot(GgmlType::Q4_K));
-  CHECK_FALSE(tessera::has_vec_dot(GgmlType::Q6_K));
+  CHECK_FALSE(tessera::has_vec_dot(GgmlType::Q5_K));
+  CHECK_FALSE(tessera::has_vec_dot(GgmlType::Q8_K));  // an activation format only
+  CHECK(tessera::ggml_row_size(GgmlType::Q8_K, 1024) == 4 * 292);
 
   std::vector<float> f(256, 1.0f);
   std::vector<uint8_t> buf(4096);
   CHECK_FALSE(tessera::quantize_row(GgmlType::Q4_K, f.data(), buf.data(), 256));
   CHECK_FALSE(tessera::quantize_row(GgmlType::Q5_0, f.data(), buf.data(), 256));
   CHECK_FALSE(tessera::dequantize_row(GgmlType::Q5_0, buf.data(), f.data(), 256));
-  CHECK_FALSE(tessera::dequantize_row(GgmlType::Q8_K, buf.data(), f.data(), 256));
+  CHECK_FALSE(tessera::dequantize_row(GgmlType::Q5_K, buf.data(), f.data(), 256));
+  CHECK_FALSE(tessera::quantize_row(GgmlType::Q6_K, f.data(), buf.data(), 256));
   // Misuse is loud, not a silent zero.
-  CHECK(std::isnan(tessera::vec_dot_scalar(GgmlType::Q4_K, 256, buf.data(), buf.data())));
-  CHECK(std::isnan(tessera::vec_dot(GgmlType::Q6_K, 256, buf.data(), buf.data())));
+  CHECK(std::isnan(tessera::vec_dot_scalar(GgmlType::Q5_K, 256, buf.data(), buf.data())));
+  CHECK(std::isnan(tessera::vec_dot(GgmlType::Q5_K, 256, buf.data(), buf.data())));
 }
 
 TEST_CASE("Q8_0 known block: d = amax/127, roundf rounds halves away from zero") {
@@ -425,9 +465,114 @@ TEST_CASE("Q6_K dequantize: 4+2 bit quants, signed 8-bit scales per 16 elements"
   CHECK(y[1] == 0.125f * 1 * 31);
 }
 
+TEST_CASE("Q8_K known blocks: signed max -> -127, iscale = -127/max, ties to even, bsums") {
+  // Block 0: the largest magnitude is -127 (first of the two at 127), so iscale = 1 exactly,
+  // d = 1 and q = round-half-even(x). Block 1: the largest magnitude is +2 first, so
+  // iscale = -63.5, d = 1/iscale < 0 and every quant flips sign. Block 2 is all zeros (-0.0
+  // included). Block 3 is random: d * q must reproduce x within d/2.
+  std::vector<float> x(4 * 256, 0.0f);
+  const float halves[8] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 3.49f, -3.51f};
+  const int rounded[8] = {0, 2, 2, 0, -2, -2, 3, -4};
+  for (int j = 0; j < 256; ++j) x[j] = halves[j % 8];
+  x[40] = -127.0f;
+  x[41] = 127.0f;  // same magnitude, later: does not change the sign of max
+  for (int j = 0; j < 256; ++j) x[256 + j] = (j % 2 ? 1.0f : 0.5f);  // -63.5 (tie) and -31.75
+  x[256 + 7] = 2.0f;
+  x[256 + 9] = -2.0f;
+  x[512 + 3] = -0.0f;
+  const std::vector<float> r = random_floats(256, 77, 3.0f);
+  std::copy(r.begin(), r.end(), x.begin() + 768);
+
+  std::vector<Q8_KBlock> b(4);
+  std::memset(b.data(), 0x55, b.size() * sizeof(Q8_KBlock));  // garbage where nothing is written
+  REQUIRE(tessera::quantize_row(GgmlType::Q8_K, x.data(), b.data(), 1024));
+
+  CHECK(b[0].d == 1.0f);
+  for (int j = 0; j < 256; ++j) {
+    if (j == 40 || j == 41) continue;
+    CAPTURE(j);
+    CHECK(b[0].qs[j] == rounded[j % 8]);
+  }
+  CHECK(b[0].qs[40] == -127);
+  CHECK(b[0].qs[41] == 127);
+  // Group 2 (elements 32..47) holds the +-127 pair and 14 other values; the rest of the groups
+  // are two copies of the 8-value pattern: 2 * (0 + 2 + 2 + 0 - 2 - 2 + 3 - 4) = -2.
+  for (int g = 0; g < 16; ++g) {
+    CAPTURE(g);
+    int sum = 0;
+    for (int l = 0; l < 16; ++l) sum += b[0].qs[16 * g + l];
+    CHECK(b[0].bsums[g] == sum);
+    if (g != 2) CHECK(b[0].bsums[g] == -2);
+  }
+
+  const float iscale1 = -127.0f / 2.0f;
+  CHECK(b[1].d == 1.0f / iscale1);
+  CHECK(b[1].d < 0.0f);
+  CHECK(b[1].qs[7] == -127);
+  CHECK(b[1].qs[9] == 127);
+  CHECK(b[1].qs[1] == -64);  // 1.0 * -63.5 = -63.5 -> even -64
+  CHECK(b[1].qs[0] == -32);  // 0.5 * -63.5 = -31.75 -> -32
+  // Group 0: eight 0.5s (-32), six 1.0s (-64) and the +-2 pair (-127, 127).
+  CHECK(b[1].bsums[0] == 8 * -32 + 6 * -64);
+
+  CHECK(b[2].d == 0.0f);
+  bool zero = true;
+  for (int j = 0; j < 256; ++j) zero = zero && b[2].qs[j] == 0;
+  for (int g = 0; g < 16; ++g) zero = zero && b[2].bsums[g] == 0;
+  CHECK(zero);
+
+  const std::vector<float> y = dequantize(GgmlType::Q8_K, b.data(), 1024);
+  const float d3 = std::fabs(b[3].d);
+  // 1 / (-127 / max) is max / 127 up to the rounding of the two divisions.
+  CHECK(d3 == doctest::Approx(max_abs(r.data(), 256) / 127.0f).epsilon(1e-6));
+  for (int j = 0; j < 256; ++j) CHECK(std::fabs(y[768 + j] - r[j]) <= 0.5f * d3 * 1.0001f);
+
+  // The activation path writes the same bytes (ggml's x86 build uses this reference too).
+  std::vector<Q8_KBlock> a(4);
+  std::memset(a.data(), 0x55, a.size() * sizeof(Q8_KBlock));
+  REQUIRE(tessera::quantize_activation_row(GgmlType::Q8_K, x.data(), a.data(), 1024));
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(Q8_KBlock)) == 0);
+}
+
+TEST_CASE("K-quant dots on extreme quants are exact in every implementation") {
+  // Unit scales and quants at their extremes: every integer and float partial sum is exactly
+  // representable, so the scalar and AVX2 dots must both give the exact value — this catches
+  // a wrong scale/min unpacking, a saturating maddubs or a mis-signed offset that tolerances
+  // could hide.
+  Q8_KBlock x{};
+  x.d = 1.0f;
+  for (int j = 0; j < 256; ++j) x.qs[j] = 127;
+  for (int g = 0; g < 16; ++g) x.bsums[g] = 16 * 127;
+
+  Q4_KBlock w4{};
+  w4.d = w4.dmin = 0x3C00;                                   // 1.0
+  std::memset(w4.scales, 0xFF, sizeof w4.scales);             // all scales and mins 63
+  std::memset(w4.qs, 0xFF, sizeof w4.qs);                     // all quants 15
+  const float want4 = 256.0f * 63 * 15 * 127 - 256.0f * 63 * 127;  // 28675584
+  CHECK(tessera::vec_dot_scalar(GgmlType::Q4_K, 256, &w4, &x) == want4);
+  CHECK(tessera::vec_dot(GgmlType::Q4_K, 256, &w4, &x) == want4);
+
+  Q6_KBlock w6{};
+  w6.d = 0x3C00;
+  std::memset(w6.ql, 0xFF, sizeof w6.ql);  // with qh all ones: q = 63, q - 32 = 31
+  std::memset(w6.qh, 0xFF, sizeof w6.qh);
+  for (int g = 0; g < 16; ++g) w6.scales[g] = static_cast<int8_t>(g % 2 ? -128 : 127);
+  const float want6 = 128.0f * 31 * 127 * 127 - 128.0f * 31 * 127 * 128;  // -503936
+  CHECK(tessera::vec_dot_scalar(GgmlType::Q6_K, 256, &w6, &x) == want6);
+  CHECK(tessera::vec_dot(GgmlType::Q6_K, 256, &w6, &x) == want6);
+
+  // The -32 offset with the smallest quant: ql = qh = 0 gives q - 32 = -32 everywhere.
+  std::memset(w6.ql, 0, sizeof w6.ql);
+  std::memset(w6.qh, 0, sizeof w6.qh);
+  const float want6_neg = -(128.0f * 32 * 127 * 127 - 128.0f * 32 * 127 * 128);
+  CHECK(tessera::vec_dot_scalar(GgmlType::Q6_K, 256, &w6, &x) == want6_neg);
+  CHECK(tessera::vec_dot(GgmlType::Q6_K, 256, &w6, &x) == want6_neg);
+}
+
 TEST_CASE("vec_dot_scalar equals the dot of the dequantized rows") {
   for (GgmlType t : kDotTypes) {
-    for (int64_t n : {32, 96, 576, 4096}) {
+    for (int64_t n : {32, 96, 256, 576, 1536, 4096}) {
+      if (!fits(t, n)) continue;
       CAPTURE(tessera::ggml_type_name(t));
       CAPTURE(n);
       const DotCase c = make_dot_case(t, n, static_cast<uint32_t>(n) * 31u + static_cast<uint32_t>(t));
@@ -484,10 +629,11 @@ TEST_CASE("vec_dot (AVX2) matches vec_dot_scalar") {
     return;
   }
   std::mt19937 rng(1234);
-  std::vector<int64_t> sizes = {32, 64, 96, 576, 1024, 4096};
+  std::vector<int64_t> sizes = {32, 64, 96, 256, 576, 1024, 2304, 4096};
   for (int i = 0; i < 10; ++i) sizes.push_back(32 * std::uniform_int_distribution<int64_t>(1, 128)(rng));
   for (GgmlType t : kDotTypes) {
     for (int64_t n : sizes) {
+      if (!fits(t, n)) continue;
       CAPTURE(tessera::ggml_type_name(t));
       CAPTURE(n);
       const DotCase c = make_dot_case(t, n, static_cast<uint32_t>(n) + 17u * static_cast<uint32_t>(t));
@@ -568,7 +714,8 @@ TEST_CASE("vec_dot_tile equals vec_dot element by element, bit for bit") {
   // exactly vec_dot's bits — on the AVX2 path and on the scalar one.
   std::mt19937 rng(99);
   for (GgmlType t : kDotTypes) {
-    for (int64_t n : {32, 64, 576, 1536}) {
+    for (int64_t n : {32, 64, 256, 576, 1536}) {
+      if (!fits(t, n)) continue;
       // 37 and 70 rows span several of the batched loop's weight panels at n = 1536.
       for (int64_t rows : {1, 2, 3, 5, 16, 37, 70}) {
         for (int64_t tokens : {1, 2, 3, 4, 5, 7, 9, 17}) {
@@ -581,9 +728,8 @@ TEST_CASE("vec_dot_tile equals vec_dot element by element, bit for bit") {
           const size_t x_bytes = tessera::ggml_row_size(xt, n);
           std::vector<uint8_t> w(w_bytes * rows), x(x_bytes * tokens);
           for (int64_t r = 0; r < rows; ++r) {
-            std::vector<float> f = random_floats(n, static_cast<uint32_t>(rng()), 0.5f);
-            for (auto& v : f) v += 0.05f;
-            REQUIRE(tessera::quantize_row(t, f.data(), w.data() + r * w_bytes, n));
+            const std::vector<uint8_t> row = weight_row(t, n, static_cast<uint32_t>(rng()), 0.5f, 0.05f);
+            std::memcpy(w.data() + r * w_bytes, row.data(), w_bytes);
           }
           for (int64_t k = 0; k < tokens; ++k) {
             const std::vector<float> f = random_floats(n, static_cast<uint32_t>(rng()), 2.0f);
@@ -621,7 +767,7 @@ TEST_CASE("vec_dot_tile equals vec_dot element by element, bit for bit") {
 TEST_CASE("quantize_activation_row (dispatched) writes the scalar reference's bytes") {
   // Random rows at several scales, an all-zero block, and values whose quotient x * 127/amax
   // lands exactly on .5 (round half to even must agree).
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q8_1}) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K}) {
     for (uint32_t seed = 0; seed < 20; ++seed) {
       const int64_t n = 32 * (1 + seed % 7) * 16;
       std::vector<float> x = random_floats(n, 500 + seed, seed % 3 == 0 ? 1e-3f : 4.0f);

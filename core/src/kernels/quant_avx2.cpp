@@ -136,6 +136,161 @@ float vec_dot_q8_0_q8_0_avx2(int64_t n, const void* w, const void* xv) {
   return hsum_float_8(acc);
 }
 
+// ---- K-quants x Q8_K (ggml's AVX2 ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q6_K_q8_K) -----------
+//
+// One 8-lane int32 sum per 256-element super-block, converted to float and FMA'd with the
+// broadcast d_w * d_x into a single float accumulator; hsum_float_8 at the end. The lane an
+// integer product lands in is fixed by the maddubs/madd pairing below, and it matters: the
+// per-lane int32 -> float conversion and the FMA round per lane, so a different pairing (the
+// scalar reference's element mod 8 lanes, say) gives the same value only up to rounding.
+
+namespace {
+
+// Q4_K's 12 packed scale bytes -> 16 bytes: the 8 6-bit scales, then the 8 6-bit mins (the
+// same values get_scale_min_k4 yields), done with 32-bit masks as ggml does.
+inline __m128i q4_k_scales_and_mins(const uint8_t* packed) {
+  uint32_t u[4];
+  __builtin_memcpy(u, packed, 12);
+  constexpr uint32_t k6 = 0x3f3f3f3f;  // low 6 bits of each byte
+  constexpr uint32_t k4 = 0x0f0f0f0f;
+  constexpr uint32_t k2 = 0x03030303;
+  const uint32_t mins_lo = u[1] & k6;                                  // mins 0-3
+  u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);               // mins 4-7
+  u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);                      // scales 4-7
+  u[2] = mins_lo;
+  u[0] &= k6;                                                          // scales 0-3
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+}
+
+// pshufb control that copies int16 element k of each 128-bit lane to all 8 of its elements.
+inline __m256i broadcast_i16_control(int k) {
+  return _mm256_set1_epi16(static_cast<short>(((2 * k + 1) << 8) | (2 * k)));
+}
+
+// pshufb control: bytes 0-7 <- byte 2k, bytes 8-15 <- byte 2k+1 (the int8 scales of the two
+// 16-element halves of a 32-byte chunk of Q6_K quants).
+inline __m128i pair_of_scales_control(int k) {
+  constexpr long long kOnes = 0x0101010101010101LL;
+  return _mm_set_epi64x(kOnes * (2 * k + 1), kOnes * (2 * k));
+}
+
+}  // namespace
+
+float vec_dot_q4_k_q8_k_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const BlockQ4_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(xv);
+  const int64_t nb = n / kQK_K;
+  const __m256i low4 = _mm256_set1_epi8(0xF);
+  __m256 acc = _mm256_setzero_ps();
+  // The min term: 4 float lanes, each the sum over super-blocks of -dmin_w * d_x times
+  // (min_2k * sum of q8 over sub-block 2k + min_2k+1 * ... over 2k+1).
+  __m128 acc_m = _mm_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = y[i].d * half_to_float(x[i].d);
+    const float dmin = -y[i].d * half_to_float(x[i].dmin);
+    const __m256i sc_mn = _mm256_cvtepu8_epi16(q4_k_scales_and_mins(x[i].scales));
+
+    // bsums pairs -> per-32 sums of q8 (int16; |sum| <= 32 * 127 fits), times the mins.
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    const __m128i q8_32 = _mm_hadd_epi16(_mm256_castsi256_si128(bsums),
+                                         _mm256_extracti128_si256(bsums, 1));
+    const __m128i mins_dot = _mm_madd_epi16(_mm256_extracti128_si256(sc_mn, 1), q8_32);
+    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot), acc_m);
+
+    const __m128i sc128 = _mm256_castsi256_si128(sc_mn);
+    const __m256i scales = _mm256_set_m128i(sc128, sc128);
+    const uint8_t* q4 = x[i].qs;
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < kQK_K / 64; ++j) {
+      // 32 bytes of nibbles: low nibbles are sub-block 2j, high nibbles sub-block 2j+1.
+      const __m256i scale_lo = _mm256_shuffle_epi8(scales, broadcast_i16_control(2 * j));
+      const __m256i scale_hi = _mm256_shuffle_epi8(scales, broadcast_i16_control(2 * j + 1));
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q4));
+      q4 += 32;
+      const __m256i q4_lo = _mm256_and_si256(bits, low4);
+      const __m256i q4_hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+      // maddubs cannot saturate: two products of a nibble and an int8 are within +-3840.
+      const __m256i q8_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8));
+      q8 += 32;
+      const __m256i p_lo = _mm256_madd_epi16(scale_lo, _mm256_maddubs_epi16(q4_lo, q8_lo));
+      const __m256i q8_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8));
+      q8 += 32;
+      const __m256i p_hi = _mm256_madd_epi16(scale_hi, _mm256_maddubs_epi16(q4_hi, q8_hi));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  // (m0 + m2) + (m1 + m3), then the 8-lane sum: ggml's order.
+  acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+  acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+  return hsum_float_8(acc) + _mm_cvtss_f32(acc_m);
+}
+
+float vec_dot_q6_k_q8_k_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(xv);
+  const int64_t nb = n / kQK_K;
+  const __m256i low2 = _mm256_set1_epi8(3);
+  const __m256i low4 = _mm256_set1_epi8(15);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = y[i].d * half_to_float(x[i].d);
+    const uint8_t* ql = x[i].ql;
+    const uint8_t* qh = x[i].qh;
+    const int8_t* q8 = y[i].qs;
+
+    // The quants are used unsigned (0..63, as maddubs needs) and the -32 offset is taken off
+    // afterwards in one go: 32 * sum over 16-groups of scale * bsum, in the same lanes.
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
+    const __m256i offset =
+        _mm256_slli_epi32(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scales)), 5);
+
+    __m256i sumi = _mm256_setzero_si256();
+    int is = 0;
+    for (int j = 0; j < kQK_K / 128; ++j) {
+      const __m256i lo_a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i lo_b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+      ql += 64;
+      qh += 32;
+      // Bits 0-1, 2-3, 4-5, 6-7 of qh are the top two bits of elements l, l+32, l+64, l+96;
+      // move each pair to bits 4-5 (16-bit shifts are safe: the masks drop what crosses bytes).
+      const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(hi, low2), 4);
+      const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(12)), 2);
+      const __m256i h2 = _mm256_and_si256(hi, _mm256_set1_epi8(48));
+      const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(-64)), 2);
+      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(lo_a, low4), h0);
+      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(lo_b, low4), h1);
+      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo_a, 4), low4), h2);
+      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo_b, 4), low4), h3);
+
+      const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8));
+      const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32));
+      const __m256i y2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 64));
+      const __m256i y3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 96));
+      q8 += 128;
+
+      // maddubs: two products of <= 63 and |int8| <= 128 stay within int16.
+      __m256i p0 = _mm256_maddubs_epi16(q0, y0);
+      __m256i p1 = _mm256_maddubs_epi16(q1, y1);
+      __m256i p2 = _mm256_maddubs_epi16(q2, y2);
+      __m256i p3 = _mm256_maddubs_epi16(q3, y3);
+      p0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pair_of_scales_control(is + 0))), p0);
+      p1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pair_of_scales_control(is + 1))), p1);
+      p2 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pair_of_scales_control(is + 2))), p2);
+      p3 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pair_of_scales_control(is + 3))), p3);
+      is += 4;
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p2, p3));
+    }
+    sumi = _mm256_sub_epi32(sumi, offset);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum_float_8(acc);
+}
+
 float vec_dot_f16_avx2(int64_t n, const void* w, const void* xv) {
   const auto* x = static_cast<const uint16_t*>(w);
   const auto* y = static_cast<const uint16_t*>(xv);

@@ -57,11 +57,23 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ6_K) == 210, "must match ggml's block_q6_K");
 
+// Activation format of the K-quant dots: unlike Q8_0 the scale is a full float, and the sums
+// of each 16 quants are stored so the Q4_K min term and the Q6_K -32 offset need no pass
+// over qs.
+struct BlockQ8_K {
+  float d;                        // scale (1 / iscale; 0 for an all-zero block)
+  int8_t qs[kQK_K];               // quants
+  int16_t bsums[kQK_K / 16];      // sum of qs[16 j .. 16 j + 15]
+};
+static_assert(sizeof(BlockQ8_K) == 292, "must match ggml's block_q8_K");
+
 // AVX2/FMA/F16C kernels (quant_avx2.cpp). Only call after cpu_has_avx2() returned true: the
 // translation unit is compiled with -mavx2 and may use those instructions anywhere.
 float vec_dot_q4_0_q8_0_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q4_1_q8_1_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q8_0_q8_0_avx2(int64_t n, const void* w, const void* x);
+float vec_dot_q4_k_q8_k_avx2(int64_t n, const void* w, const void* x);
+float vec_dot_q6_k_q8_k_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_f16_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_f32_avx2(int64_t n, const void* w, const void* x);
 

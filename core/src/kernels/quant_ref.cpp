@@ -33,6 +33,7 @@ using kernels::BlockQ4_K;
 using kernels::BlockQ6_K;
 using kernels::BlockQ8_0;
 using kernels::BlockQ8_1;
+using kernels::BlockQ8_K;
 using kernels::kQK4_0;
 using kernels::kQK4_1;
 using kernels::kQK8_0;
@@ -154,6 +155,14 @@ void dequantize_row_q6_k(const BlockQ6_K* x, float* y, int64_t n) {
   }
 }
 
+// ggml's dequantize_row_q8_K: the float scale times each quant (bsums are redundant).
+void dequantize_row_q8_k(const BlockQ8_K* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK_K;
+  for (int64_t i = 0; i < nb; ++i) {
+    for (int j = 0; j < kQK_K; ++j) *y++ = x[i].d * x[i].qs[j];
+  }
+}
+
 // ---- quantize (ggml's *_ref) --------------------------------------------------------------
 
 void quantize_row_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
@@ -269,6 +278,57 @@ void quantize_row_q8_1(const float* x, BlockQ8_1* y, int64_t n) {
   }
 }
 
+// ggml's nearest_int: adding 1.5 * 2^23 leaves round(fval) (to nearest, ties to even, in the
+// default rounding mode) in the low mantissa bits. Valid for |fval| < 2^22. The addition must
+// be a separate float operation (fp-contract is off in this file, see the top).
+inline int nearest_int(float fval) {
+  const float val = fval + 12582912.0f;
+  int32_t i;
+  std::memcpy(&i, &val, sizeof i);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+// Q8_K, the activation format of the K-quant dots. On x86 ggml-cpu's quantize_row_q8_K is the
+// reference (quantize_row_q8_K_ref), so this one function serves both quantize_row and
+// quantize_activation_row. Per super-block of 256:
+//  - max is the first value of largest magnitude, kept with its sign;
+//  - iscale = -127 / max, q = min(127, nearest_int(iscale * x)) — so max itself maps to -127
+//    and values of the other sign may reach +127;
+//  - bsums[j] = sum of the 16 quants of group j; d = 1 / iscale (the float, not fp16).
+// An all-zero block (amax == 0) gets d = 0 and zero quants. ggml leaves its bsums as they
+// were; they are written as zeros here, which changes no dot product (every bsums term is
+// multiplied by d = 0) and keeps the output deterministic.
+void quantize_row_q8_k(const float* x, BlockQ8_K* y, int64_t n) {
+  const int64_t nb = n / kQK_K;
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    float max = 0.0f;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK_K; ++j) {
+      const float ax = std::fabs(x[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = x[j];
+      }
+    }
+    if (amax == 0.0f) {
+      y[i].d = 0.0f;
+      std::memset(y[i].qs, 0, sizeof y[i].qs);
+      std::memset(y[i].bsums, 0, sizeof y[i].bsums);
+      continue;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < kQK_K; ++j) {
+      y[i].qs[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * x[j])));
+    }
+    for (int j = 0; j < kQK_K / 16; ++j) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += y[i].qs[16 * j + l];
+      y[i].bsums[j] = static_cast<int16_t>(sum);
+    }
+    y[i].d = 1 / iscale;
+  }
+}
+
 float bf16_to_fp32(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;
@@ -337,6 +397,68 @@ float vec_dot_q8_0_q8_0_ref(int64_t n, const BlockQ8_0* x, const BlockQ8_0* y) {
   return sumf;
 }
 
+// The K-quant dots follow ggml's *_generic C: the integer products of each super-block go
+// into 8 int32 lanes (lane l takes the elements at index l mod 8, each product times its
+// sub-block scale), each lane is scaled by d_w * d_x into its own float running sum, and the
+// 8 float sums are added to the scalar total in lane order at the very end.
+
+// Q4_K: w = d * sc * q - dmin * m per 32-element sub-block, so the dot is
+// d_w d_x sum(sc * q * q8) - dmin_w d_x sum(m * q8), and sum(q8) over a sub-block is the two
+// bsums of its 16-element halves.
+float vec_dot_q4_k_q8_k_ref(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
+  const int64_t nb = n / kQK_K;
+  float sums[8] = {};
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t sc[8];
+    uint8_t mn[8];
+    for (int j = 0; j < 8; ++j) get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
+    int8_t q[kQK_K];  // the 4-bit quants in element order
+    for (int j = 0; j < kQK_K / 64; ++j) {
+      for (int l = 0; l < 32; ++l) {
+        q[64 * j + l] = static_cast<int8_t>(x[i].qs[32 * j + l] & 0xF);
+        q[64 * j + 32 + l] = static_cast<int8_t>(x[i].qs[32 * j + l] >> 4);
+      }
+    }
+    int sumi = 0;
+    for (int j = 0; j < kQK_K / 16; ++j) sumi += y[i].bsums[j] * mn[j / 2];
+    int32_t lanes[8] = {};
+    for (int e = 0; e < kQK_K; ++e) lanes[e % 8] += sc[e / 32] * (y[i].qs[e] * q[e]);
+    const float d = fp16_to_fp32(x[i].d) * y[i].d;
+    for (int l = 0; l < 8; ++l) sums[l] += d * static_cast<float>(lanes[l]);
+    const float dmin = fp16_to_fp32(x[i].dmin) * y[i].d;
+    sumf -= dmin * static_cast<float>(sumi);
+  }
+  for (int l = 0; l < 8; ++l) sumf += sums[l];
+  return sumf;
+}
+
+// Q6_K: w = d * sc * (q - 32) with a signed 8-bit scale per 16 elements.
+float vec_dot_q6_k_q8_k_ref(int64_t n, const BlockQ6_K* x, const BlockQ8_K* y) {
+  const int64_t nb = n / kQK_K;
+  float sums[8] = {};
+  for (int64_t i = 0; i < nb; ++i) {
+    int8_t q[kQK_K];  // the 6-bit quants minus 32, in element order (as dequantize_row_q6_k)
+    const uint8_t* ql = x[i].ql;
+    const uint8_t* qh = x[i].qh;
+    for (int base = 0; base < kQK_K; base += 128, ql += 64, qh += 32) {
+      for (int l = 0; l < 32; ++l) {
+        q[base + l] = static_cast<int8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        q[base + l + 32] = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        q[base + l + 64] = static_cast<int8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        q[base + l + 96] = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      }
+    }
+    int32_t lanes[8] = {};
+    for (int e = 0; e < kQK_K; ++e) lanes[e % 8] += x[i].scales[e / 16] * (y[i].qs[e] * q[e]);
+    const float d = fp16_to_fp32(x[i].d) * y[i].d;
+    for (int l = 0; l < 8; ++l) sums[l] += d * static_cast<float>(lanes[l]);
+  }
+  float sumf = 0.0f;
+  for (int l = 0; l < 8; ++l) sumf += sums[l];
+  return sumf;
+}
+
 // Float products accumulated in double, as ggml's non-SIMD ggml_vec_dot_f16/f32 do.
 float vec_dot_f16_ref(int64_t n, const uint16_t* x, const uint16_t* y) {
   double sumf = 0.0;
@@ -393,6 +515,9 @@ bool dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
     case GgmlType::Q6_K:
       dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n);
       return true;
+    case GgmlType::Q8_K:
+      dequantize_row_q8_k(static_cast<const BlockQ8_K*>(src), dst, n);
+      return true;
     default:
       return false;
   }
@@ -425,6 +550,9 @@ bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
     case GgmlType::Q8_1:
       quantize_row_q8_1(src, static_cast<BlockQ8_1*>(dst), n);
       return true;
+    case GgmlType::Q8_K:
+      quantize_row_q8_k(src, static_cast<BlockQ8_K*>(dst), n);
+      return true;
     default:
       return false;
   }
@@ -439,9 +567,12 @@ GgmlType vec_dot_type(GgmlType weight_type) {
       return GgmlType::Q8_0;
     case GgmlType::Q4_1:
       return GgmlType::Q8_1;
+    case GgmlType::Q4_K:
+    case GgmlType::Q6_K:
+      return GgmlType::Q8_K;
     default:
-      // Everything else (F32, BF16, and weights without a vec dot here, e.g. the K-quants,
-      // which a caller dequantizes first) takes F32 activations.
+      // Everything else (F32, BF16, and weights without a vec dot here, e.g. Q5_K, which a
+      // caller dequantizes first) takes F32 activations.
       return GgmlType::F32;
   }
 }
@@ -453,6 +584,8 @@ bool has_vec_dot(GgmlType weight_type) {
     case GgmlType::Q4_0:
     case GgmlType::Q4_1:
     case GgmlType::Q8_0:
+    case GgmlType::Q4_K:
+    case GgmlType::Q6_K:
       return true;
     default:
       return false;
@@ -492,6 +625,12 @@ float vec_dot_scalar(GgmlType weight_type, int64_t n, const void* weight_row, co
     case GgmlType::Q8_0:
       return vec_dot_q8_0_q8_0_ref(n, static_cast<const BlockQ8_0*>(weight_row),
                                    static_cast<const BlockQ8_0*>(x));
+    case GgmlType::Q4_K:
+      return vec_dot_q4_k_q8_k_ref(n, static_cast<const BlockQ4_K*>(weight_row),
+                                   static_cast<const BlockQ8_K*>(x));
+    case GgmlType::Q6_K:
+      return vec_dot_q6_k_q8_k_ref(n, static_cast<const BlockQ6_K*>(weight_row),
+                                   static_cast<const BlockQ8_K*>(x));
     default:
       // NaN rather than 0 so a caller that skipped has_vec_dot() gets visibly wrong logits.
       return std::numeric_limits<float>::quiet_NaN();
@@ -512,6 +651,10 @@ float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const voi
         return kernels::vec_dot_q4_1_q8_1_avx2(n, weight_row, x);
       case GgmlType::Q8_0:
         return kernels::vec_dot_q8_0_q8_0_avx2(n, weight_row, x);
+      case GgmlType::Q4_K:
+        return kernels::vec_dot_q4_k_q8_k_avx2(n, weight_row, x);
+      case GgmlType::Q6_K:
+        return kernels::vec_dot_q6_k_q8_k_avx2(n, weight_row, x);
       default:
         break;
     }
@@ -573,7 +716,9 @@ bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t
 #endif
       return quantize_activation_row_scalar(type, src, dst, n);
     default:
-      return quantize_row(type, src, dst, n);  // F16/F32 conversions already match
+      // F16/F32 conversions already match; so does Q8_K, for which ggml's x86 build calls
+      // its reference quantizer at run time too.
+      return quantize_row(type, src, dst, n);
   }
 }
 
