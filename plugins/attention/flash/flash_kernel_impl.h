@@ -221,12 +221,15 @@ inline void prefetch_row(const T* row, int32_t d) {
 #endif
 }
 
-// One query row's online softmax over the visible positions [0, kv_end), reading K and V
-// through per-tile row pointers: rows(c) of tile j0 is K or V at position j0 + c.
-// Same operations in the same order as the tiled loop below, so the two agree bit for bit.
+// The online softmax of one query position for query heads [hb, he) (row g: q + g * d,
+// o + g * d, m[g], l[g]) over the visible positions [0, kv_end), reading K and V through
+// k_row(pos) / v_row(pos). Tiles outermost, so a tile's K/V rows serve every head while they
+// are in L1. Each head's operations are those of the tiled loop in run_task_impl, in the same
+// order, so the two agree bit for bit.
 template <class KRow, class VRow>
-inline void attend_row(const float* q, float* o, float* m, double* l, float* srow, float scale,
-                       int32_t d, int32_t kv_tile, int32_t kv_end, KRow k_row, VRow v_row) {
+inline void attend_heads(const float* q, float* o, float* m, double* l, float* srow,
+                         float scale, int32_t d, int32_t hb, int32_t he, int32_t kv_tile,
+                         int32_t kv_end, KRow k_row, VRow v_row) {
   for (int32_t j0 = 0; j0 < kv_end; j0 += kv_tile) {
     const int32_t cols = std::min(j0 + kv_tile, kv_end) - j0;
     // Decode reads each K/V row once per token, and the weights streamed since the last
@@ -236,21 +239,26 @@ inline void attend_row(const float* q, float* o, float* m, double* l, float* sro
       prefetch_row(k_row(j0 + c), d);
       prefetch_row(v_row(j0 + c), d);
     }
-    for (int32_t c = cols; c < cols + kPrefetchRows && j0 + c < kv_end; ++c) prefetch_row(k_row(j0 + c), d);
-    scores(q, [&](int32_t c) { return k_row(j0 + c); }, cols, d, scale, srow);
-    float tile_max = -std::numeric_limits<float>::infinity();
-    for (int32_t c = 0; c < cols; ++c) tile_max = std::max(tile_max, srow[c]);
-    const float new_max = std::max(*m, tile_max);
-    // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
-    const float alpha = std::exp(*m - new_max);
-    double sum = 0.0;
-    for (int32_t c = 0; c < cols; ++c) {
-      srow[c] = std::exp(srow[c] - new_max);
-      sum += srow[c];
+    for (int32_t c = cols; c < cols + kPrefetchRows && j0 + c < kv_end; ++c)
+      prefetch_row(k_row(j0 + c), d);
+    for (int32_t g = hb; g < he; ++g) {
+      scores(q + static_cast<size_t>(g) * d, [&](int32_t c) { return k_row(j0 + c); }, cols, d,
+             scale, srow);
+      float tile_max = -std::numeric_limits<float>::infinity();
+      for (int32_t c = 0; c < cols; ++c) tile_max = std::max(tile_max, srow[c]);
+      const float new_max = std::max(m[g], tile_max);
+      // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
+      const float alpha = std::exp(m[g] - new_max);
+      double sum = 0.0;
+      for (int32_t c = 0; c < cols; ++c) {
+        srow[c] = std::exp(srow[c] - new_max);
+        sum += srow[c];
+      }
+      rescale_accumulate(o + static_cast<size_t>(g) * d, alpha, srow,
+                         [&](int32_t c) { return v_row(j0 + c); }, cols, d);
+      l[g] = l[g] * alpha + sum;
+      m[g] = new_max;
     }
-    rescale_accumulate(o, alpha, srow, [&](int32_t c) { return v_row(j0 + c); }, cols, d);
-    *l = *l * alpha + sum;
-    *m = new_max;
   }
 }
 
@@ -295,9 +303,8 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
       using T = decltype(element);
       const auto k_row = [&](int32_t pos) { return pool_row<T>(s, batch.k_pool, seq, pos, task.kv_head); };
       const auto v_row = [&](int32_t pos) { return pool_row<T>(s, batch.v_pool, seq, pos, task.kv_head); };
-      for (int32_t g = hb; g < he; ++g)
-        attend_row(q_tile + static_cast<size_t>(g) * d, o_tile + static_cast<size_t>(g) * d, m + g,
-                   l + g, srow, s.scale, d, lay.kv_tile, kv_end, k_row, v_row);
+      attend_heads(q_tile, o_tile, m, l, srow, s.scale, d, hb, he, lay.kv_tile, kv_end, k_row,
+                   v_row);
     };
     if (half) {
       run(uint16_t{});
