@@ -222,20 +222,27 @@ inline void prefetch_row(const T* row, int32_t d) {
 }
 
 // The online softmax of one query position for query heads [hb, he) (row g: q + g * d,
-// o + g * d, m[g], l[g]) over the visible positions [0, kv_end), tile by tile: prepare(j0, j1)
-// readies tile [j0, j1), then k_at(j0, c) / v_at(j0, c) give the K / V row of position j0 + c.
-// Tiles outermost, so a tile serves every head while it is in L1. Each head's operations are
-// those of the tiled loop in run_task_impl, in the same order, so the two agree bit for bit.
-template <class Prepare, class KAt, class VAt>
+// o + g * d, m[g], l[g]) over the visible positions [0, kv_end), reading K and V through
+// k_row(pos) / v_row(pos). Tiles outermost, so a tile's K/V rows serve every head while they
+// are in L1. Each head's operations are those of the tiled loop in run_task_impl, in the same
+// order, so the two agree bit for bit.
+template <class KRow, class VRow>
 inline void attend_heads(const float* q, float* o, float* m, double* l, float* srow,
                          float scale, int32_t d, int32_t hb, int32_t he, int32_t kv_tile,
-                         int32_t kv_end, Prepare prepare, KAt k_at, VAt v_at) {
+                         int32_t kv_end, KRow k_row, VRow v_row) {
   for (int32_t j0 = 0; j0 < kv_end; j0 += kv_tile) {
-    const int32_t j1 = std::min(j0 + kv_tile, kv_end);
-    const int32_t cols = j1 - j0;
-    prepare(j0, j1);
+    const int32_t cols = std::min(j0 + kv_tile, kv_end) - j0;
+    // Decode reads each K/V row once per token, and the weights streamed since the last
+    // token have usually pushed them out of cache: ask for this tile's K and V rows (V is used
+    // right after the scores) and the next tile's K before the dots run.
+    for (int32_t c = 0; c < cols; ++c) {
+      prefetch_row(k_row(j0 + c), d);
+      prefetch_row(v_row(j0 + c), d);
+    }
+    for (int32_t c = cols; c < cols + kPrefetchRows && j0 + c < kv_end; ++c)
+      prefetch_row(k_row(j0 + c), d);
     for (int32_t g = hb; g < he; ++g) {
-      scores(q + static_cast<size_t>(g) * d, [&](int32_t c) { return k_at(j0, c); }, cols, d,
+      scores(q + static_cast<size_t>(g) * d, [&](int32_t c) { return k_row(j0 + c); }, cols, d,
              scale, srow);
       float tile_max = -std::numeric_limits<float>::infinity();
       for (int32_t c = 0; c < cols; ++c) tile_max = std::max(tile_max, srow[c]);
@@ -248,7 +255,7 @@ inline void attend_heads(const float* q, float* o, float* m, double* l, float* s
         sum += srow[c];
       }
       rescale_accumulate(o + static_cast<size_t>(g) * d, alpha, srow,
-                         [&](int32_t c) { return v_at(j0, c); }, cols, d);
+                         [&](int32_t c) { return v_row(j0 + c); }, cols, d);
       l[g] = l[g] * alpha + sum;
       m[g] = new_max;
     }
@@ -289,39 +296,15 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   std::fill(l, l + rows, 0.0);
 
   const int32_t kv_end = first_visible_end + task.q_end - 1;  // exclusive, for the last query
-  if (num_q == 1 && he - hb > 1) {
-    // One query position (decode) for several heads: each K/V element is used once per head,
-    // so each tile is widened once into scratch (as below) and read as floats by every head.
-    attend_heads(
-        q_tile, o_tile, m, l, srow, s.scale, d, hb, he, lay.kv_tile, kv_end,
-        [&](int32_t j0, int32_t j1) {
-          load_tile(s, batch.k_pool, seq, j0, j1, task.kv_head, k_tile);
-          load_tile(s, batch.v_pool, seq, j0, j1, task.kv_head, v_tile);
-        },
-        [&](int32_t, int32_t c) -> const float* { return k_tile + static_cast<size_t>(c) * d; },
-        [&](int32_t, int32_t c) -> const float* { return v_tile + static_cast<size_t>(c) * d; });
-  } else if (num_q == 1) {
-    // One query position for one head (a small decode batch split per head): nothing would
-    // reuse a widened tile, so K and V are read where they lie in the pool, f16 widened in
-    // registers. Decode reads each K/V row once per token, and the weights streamed since the
-    // last token have usually pushed them out of cache: each tile's K and V rows, and the
-    // next tile's first K rows, are prefetched before the dots run.
+  if (num_q == 1) {
+    // One query position (decode): nothing would reuse a widened tile, so K and V are read
+    // where they lie in the pool, f16 rows widened in registers.
     const auto run = [&](auto element) {
       using T = decltype(element);
       const auto k_row = [&](int32_t pos) { return pool_row<T>(s, batch.k_pool, seq, pos, task.kv_head); };
       const auto v_row = [&](int32_t pos) { return pool_row<T>(s, batch.v_pool, seq, pos, task.kv_head); };
-      attend_heads(
-          q_tile, o_tile, m, l, srow, s.scale, d, hb, he, lay.kv_tile, kv_end,
-          [&](int32_t j0, int32_t j1) {
-            for (int32_t pos = j0; pos < j1; ++pos) {
-              prefetch_row(k_row(pos), d);
-              prefetch_row(v_row(pos), d);
-            }
-            for (int32_t pos = j1; pos < j1 + kPrefetchRows && pos < kv_end; ++pos)
-              prefetch_row(k_row(pos), d);
-          },
-          [&](int32_t j0, int32_t c) { return k_row(j0 + c); },
-          [&](int32_t j0, int32_t c) { return v_row(j0 + c); });
+      attend_heads(q_tile, o_tile, m, l, srow, s.scale, d, hb, he, lay.kv_tile, kv_end, k_row,
+                   v_row);
     };
     if (half) {
       run(uint16_t{});
