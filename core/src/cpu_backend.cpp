@@ -75,8 +75,7 @@ void CpuBackend::store_kv(void* pool, KvDtype dtype, const float* src, const int
     if (dtype == KvDtype::kF32) {
       std::memcpy(static_cast<float*>(pool) + offset, s, row_elems * sizeof(float));
     } else {
-      uint16_t* d = static_cast<uint16_t*>(pool) + offset;
-      for (int64_t i = 0; i < row_elems; ++i) d[i] = fp32_to_fp16(s[i]);
+      fp32_to_fp16_row(s, static_cast<uint16_t*>(pool) + offset, row_elems);
     }
   }
 }

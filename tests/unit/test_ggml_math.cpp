@@ -86,3 +86,29 @@ TEST_CASE("dispatched SiLU*up and RoPE equal the portable build bit for bit") {
     CHECK(std::memcmp(xa.data(), xb.data(), sizeof(float) * xa.size()) == 0);
   }
 }
+
+TEST_CASE("fp32_to_fp16_row (F16C where available) equals fp32_to_fp16 bit for bit") {
+  // Every float whose upper 16 bits take each of the 65536 values, with low bits that make
+  // ties (exactly half an fp16 step), just-above/below ties and random tails: covers the
+  // fp16 normal and subnormal ranges, overflow to inf, zeros, infs and NaNs (a NaN in a group
+  // of 8 sends that group the scalar way, so the NaN cases also test the fallback).
+  std::mt19937 rng(17);
+  std::vector<float> src;
+  for (uint32_t hi = 0; hi < 65536; ++hi) {
+    for (uint32_t lo : {0u, 0x1000u, 0x0FFFu, 0x1001u, 0x2000u, static_cast<uint32_t>(rng() & 0xFFFF)}) {
+      const uint32_t bits = (hi << 16) | lo;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      src.push_back(f);
+    }
+  }
+  src.push_back(1.0f);  // a tail shorter than 8
+  src.push_back(-0.0f);
+  src.push_back(65520.0f);  // rounds to inf in fp16
+  std::vector<uint16_t> got(src.size());
+  tessera::fp32_to_fp16_row(src.data(), got.data(), static_cast<int64_t>(src.size()));
+  size_t mismatches = 0;
+  for (size_t i = 0; i < src.size(); ++i) mismatches += got[i] != tessera::fp32_to_fp16(src[i]);
+  CHECK(mismatches == 0);
+  CHECK(got[src.size() - 1] == 0x7C00);
+}

@@ -24,6 +24,9 @@ struct RopeRowsArgs {
   float freq_scale;
   float theta_scale;
 };
+// dst[i] = fp32_to_fp16(src[i]) for i < n (round to nearest even, NaN -> canonical quiet
+// NaN): the F16C instruction where the CPU has it, bit-identical to the scalar conversion.
+void fp32_to_fp16_row(const float* src, uint16_t* dst, int64_t n);
 void rope_rows(const RopeRowsArgs& a, int64_t begin, int64_t end);
 void rope_rows_scalar(const RopeRowsArgs& a, int64_t begin, int64_t end);
 

@@ -13,6 +13,7 @@ namespace tessera {
 namespace kernels {
 void silu_mul_avx2(float* gate, const float* up, int64_t begin, int64_t end);
 void rope_rows_avx2(const RopeRowsArgs& a, int64_t begin, int64_t end);
+void fp32_to_fp16_row_f16c(const float* src, uint16_t* dst, int64_t n);
 }  // namespace kernels
 
 void silu_mul_range_scalar(float* gate, const float* up, int64_t begin, int64_t end) {
@@ -35,6 +36,13 @@ void rope_rows(const RopeRowsArgs& a, int64_t begin, int64_t end) {
   if (cpu_has_avx2()) return kernels::rope_rows_avx2(a, begin, end);
 #endif
   rope_rows_scalar(a, begin, end);
+}
+
+void fp32_to_fp16_row(const float* src, uint16_t* dst, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpu_has_avx2()) return kernels::fp32_to_fp16_row_f16c(src, dst, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
 }
 
 }  // namespace tessera
