@@ -66,18 +66,27 @@ class FlashAttention final : public AttentionKernel {
     for (const AttentionSequence& seq : batch.sequences)
       if (seq.num_queries == 1) decode_tasks += shape.num_kv_heads;
     const bool split_heads = decode_tasks > 0 && decode_tasks < 4 * num_threads;
+    // With many decode sequences, one task per sequence covers all its KV heads: the pool
+    // stores a position's K (or V) rows of all KV heads side by side, so reading them together
+    // streams whole cache lines in order instead of a third of every position's bytes per task.
+    const bool whole_sequences = decode_tasks >= 4 * num_threads * shape.num_kv_heads;
     tasks_.clear();
     for (size_t i = 0; i < batch.sequences.size(); ++i) {
       const AttentionSequence& seq = batch.sequences[i];
       max_queries = std::max(max_queries, seq.num_queries);
       max_context = std::max(max_context, seq.context_len);
       const int32_t heads_per_task = split_heads && seq.num_queries == 1 ? 1 : group;
+      if (whole_sequences && seq.num_queries == 1) {
+        tasks_.push_back({static_cast<int32_t>(i), 0, 0, 1, 0, group, shape.num_kv_heads,
+                          static_cast<int64_t>(seq.context_len) * shape.num_heads});
+        continue;
+      }
       for (int32_t q = 0; q < seq.num_queries; q += query_tile_) {
         const int32_t q_end = std::min(seq.num_queries, q + query_tile_);
         const int64_t visible = seq.context_len - seq.num_queries + q_end;
         for (int32_t h = 0; h < shape.num_kv_heads; ++h)
           for (int32_t g = 0; g < group; g += heads_per_task)
-            tasks_.push_back({static_cast<int32_t>(i), h, q, q_end, g, g + heads_per_task,
+            tasks_.push_back({static_cast<int32_t>(i), h, q, q_end, g, g + heads_per_task, h + 1,
                               (q_end - q) * visible * heads_per_task});
       }
     }
@@ -128,7 +137,8 @@ class FlashAttention final : public AttentionKernel {
     const size_t d = static_cast<size_t>(shape.head_dim);
     Layout lay;
     lay.kv_tile = std::min(kv_tile_, max_context);
-    lay.max_rows = std::min(query_tile_, max_queries) * group;
+    // A whole-sequence decode task holds one row per query head.
+    lay.max_rows = std::max(std::min(query_tile_, max_queries) * group, shape.num_heads);
     const size_t rows = static_cast<size_t>(lay.max_rows);
     lay.q = 0;                                // the task's queries, at cache precision
     lay.o = lay.q + rows * d;                 // unnormalized outputs

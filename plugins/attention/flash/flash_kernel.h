@@ -20,6 +20,9 @@ struct Task {
   int32_t q_end = 0;
   int32_t head_begin = 0;  // within the group: query head kv_head * group + head_begin ...
   int32_t head_end = 0;
+  // Decode tasks of a large batch cover KV heads [kv_head, kv_head_end) of their sequence, so
+  // each position's K/V rows of all those heads (contiguous in the pool) are read together.
+  int32_t kv_head_end = 0;
   int64_t cost = 0;  // rows x visible K/V positions, to start the longest tasks first
 };
 

@@ -229,18 +229,20 @@ inline void prefetch_row(const T* row, int32_t d) {
 template <class KRow, class VRow>
 inline void attend_heads(const float* q, float* o, float* m, double* l, float* srow,
                          float scale, int32_t d, int32_t hb, int32_t he, int32_t kv_tile,
-                         int32_t kv_end, KRow k_row, VRow v_row) {
+                         int32_t kv_end, KRow k_row, VRow v_row, bool prefetch = true) {
   for (int32_t j0 = 0; j0 < kv_end; j0 += kv_tile) {
     const int32_t cols = std::min(j0 + kv_tile, kv_end) - j0;
     // Decode reads each K/V row once per token, and the weights streamed since the last
     // token have usually pushed them out of cache: ask for this tile's K and V rows (V is used
     // right after the scores) and the next tile's K before the dots run.
-    for (int32_t c = 0; c < cols; ++c) {
-      prefetch_row(k_row(j0 + c), d);
-      prefetch_row(v_row(j0 + c), d);
+    if (prefetch) {
+      for (int32_t c = 0; c < cols; ++c) {
+        prefetch_row(k_row(j0 + c), d);
+        prefetch_row(v_row(j0 + c), d);
+      }
+      for (int32_t c = cols; c < cols + kPrefetchRows && j0 + c < kv_end; ++c)
+        prefetch_row(k_row(j0 + c), d);
     }
-    for (int32_t c = cols; c < cols + kPrefetchRows && j0 + c < kv_end; ++c)
-      prefetch_row(k_row(j0 + c), d);
     for (int32_t g = hb; g < he; ++g) {
       scores(q + static_cast<size_t>(g) * d, [&](int32_t c) { return k_row(j0 + c); }, cols, d,
              scale, srow);
@@ -296,6 +298,56 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   std::fill(l, l + rows, 0.0);
 
   const int32_t kv_end = first_visible_end + task.q_end - 1;  // exclusive, for the last query
+  if (task.kv_head_end > task.kv_head + 1) {
+    // A whole decode sequence (one query position, every head of KV heads [kv_head,
+    // kv_head_end)): per tile, the K/V rows of all those KV heads are prefetched together
+    // (they are contiguous), then each group of query heads runs against its KV head.
+    const auto run = [&](auto element) {
+      using T = decltype(element);
+      for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
+        const float* src = batch.q + seq.query_start * q_stride + static_cast<int64_t>(kv) * group * d;
+        float* dst = q_tile + static_cast<size_t>(kv) * group * d;
+        for (int32_t k = 0; k < group * d; ++k)
+          dst[k] = half ? fp16_to_fp32(fp32_to_fp16(src[k])) : src[k];
+      }
+      const size_t rows_all = static_cast<size_t>(task.kv_head_end) * group;
+      std::fill(o_tile, o_tile + rows_all * d, 0.0f);
+      std::fill(m, m + rows_all, -std::numeric_limits<float>::infinity());
+      std::fill(l, l + rows_all, 0.0);
+      const int32_t kv_heads = task.kv_head_end - task.kv_head;
+      for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
+        const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
+        for (int32_t pos = j0; pos < j1; ++pos) {
+          prefetch_row(pool_row<T>(s, batch.k_pool, seq, pos, task.kv_head), kv_heads * d);
+          prefetch_row(pool_row<T>(s, batch.v_pool, seq, pos, task.kv_head), kv_heads * d);
+        }
+        for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
+          const auto k_row = [&](int32_t pos) { return pool_row<T>(s, batch.k_pool, seq, pos, kv); };
+          const auto v_row = [&](int32_t pos) { return pool_row<T>(s, batch.v_pool, seq, pos, kv); };
+          const size_t base = static_cast<size_t>(kv) * group;
+          // One tile [j0, j1) of attend_heads for this KV head's query heads: same operations.
+          attend_heads(q_tile + base * d, o_tile + base * d, m + base, l + base, srow, s.scale, d,
+                       0, group, j1 - j0, j1 - j0,
+                       [&](int32_t c) { return k_row(j0 + c); },
+                       [&](int32_t c) { return v_row(j0 + c); }, /*prefetch=*/false);
+        }
+      }
+      for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
+        float* dst = batch.out + seq.query_start * q_stride + static_cast<int64_t>(kv) * group * d;
+        for (int32_t g = 0; g < group; ++g) {
+          const size_t r = static_cast<size_t>(kv) * group + g;
+          const float inv = static_cast<float>(1.0 / l[r]);
+          for (int32_t k = 0; k < d; ++k) dst[g * d + k] = o_tile[r * d + k] * inv;
+        }
+      }
+    };
+    if (half) {
+      run(uint16_t{});
+    } else {
+      run(float{});
+    }
+    return;
+  }
   if (num_q == 1) {
     // One query position (decode): nothing would reuse a widened tile, so K and V are read
     // where they lie in the pool, f16 rows widened in registers.

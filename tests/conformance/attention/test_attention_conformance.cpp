@@ -379,21 +379,29 @@ TEST_CASE("attention.flash: one-query tasks (K/V read in place, heads split) giv
       const std::vector<float> a = run_kernel(*one_query, prompts, pool);
       const std::vector<float> b = run_kernel(*tiled, prompts, pool);
       CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-      // Four decodes together are 12 (sequence, KV head) tasks, enough for 2 threads: not
-      // split. Each decode alone is 3 tasks: split per query head. Its row must not change.
-      const Problem decodes = make_problem(rng, 9, 3, 64, 16, dtype, {{70, 1}, {83, 1}, {5, 1}, {129, 1}});
-      const std::vector<float> together = run_kernel(*tiled, decodes, pool);
-      CHECK(max_abs_diff(together, reference(decodes)) <= (dtype == KvDtype::kF16 ? kTolF16 : kTolF32));
-      const size_t row = static_cast<size_t>(decodes.shape.num_heads) * decodes.shape.head_dim;
-      for (size_t i = 0; i < decodes.sequences.size(); ++i) {
-        Problem alone = decodes;  // same pools and tables, one sequence, its query row only
-        alone.sequences = {decodes.sequences[i]};
-        alone.sequences[0].query_start = 0;
-        alone.q.assign(decodes.q.begin() + i * row, decodes.q.begin() + (i + 1) * row);
-        alone.num_rows = 1;
-        const std::vector<float> split = run_kernel(*tiled, alone, pool);
-        CAPTURE(i);
-        CHECK(std::memcmp(split.data(), together.data() + i * row, row * sizeof(float)) == 0);
+      for (int batch_size : {4, 10}) {
+        CAPTURE(batch_size);
+        // Four decodes together are 12 (sequence, KV head) tasks, enough for 2 threads: not
+        // split. Ten together are 30: one task per sequence, all its KV heads. Each decode alone
+        // is 3 tasks: split per query head. Its row must not change.
+        const Problem decodes = make_problem(
+            rng, 9, 3, 64, 16, dtype,
+            batch_size == 4 ? std::vector<SeqSpec>{{70, 1}, {83, 1}, {5, 1}, {129, 1}}
+                            : std::vector<SeqSpec>{{70, 1}, {83, 1}, {5, 1}, {129, 1}, {64, 1},
+                                                   {65, 1}, {1, 1}, {200, 1}, {17, 1}, {128, 1}});
+        const std::vector<float> together = run_kernel(*tiled, decodes, pool);
+        CHECK(max_abs_diff(together, reference(decodes)) <= (dtype == KvDtype::kF16 ? kTolF16 : kTolF32));
+        const size_t row = static_cast<size_t>(decodes.shape.num_heads) * decodes.shape.head_dim;
+        for (size_t i = 0; i < decodes.sequences.size(); ++i) {
+          Problem alone = decodes;  // same pools and tables, one sequence, its query row only
+          alone.sequences = {decodes.sequences[i]};
+          alone.sequences[0].query_start = 0;
+          alone.q.assign(decodes.q.begin() + i * row, decodes.q.begin() + (i + 1) * row);
+          alone.num_rows = 1;
+          const std::vector<float> split = run_kernel(*tiled, alone, pool);
+          CAPTURE(i);
+          CHECK(std::memcmp(split.data(), together.data() + i * row, row * sizeof(float)) == 0);
+        }
       }
     }
   }
