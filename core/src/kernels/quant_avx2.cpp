@@ -136,16 +136,20 @@ float vec_dot_q4_1_q8_1_avx2(int64_t n, const void* w, const void* xv) {
 
 // Q5_0: q - 16 as a signed byte is the nibble with 0xF0 or'ed in where the fifth bit is clear
 // (nibble - 16 in two's complement) and the bare nibble where it is set.
+inline __m256i q5_0_signed_bytes(const BlockQ5_0* b) {
+  const __m256i fifth =
+      _mm256_andnot_si256(bytes_from_bits_32(b->qh), _mm256_set1_epi8(static_cast<char>(0xF0)));
+  return _mm256_or_si256(bytes_from_nibbles_32(b->qs), fifth);
+}
+
 float vec_dot_q5_0_q8_0_avx2(int64_t n, const void* w, const void* xv) {
   const auto* x = static_cast<const BlockQ5_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(xv);
   const int64_t nb = n / kQK8_0;
   __m256 acc = _mm256_setzero_ps();
-  const __m256i high_nibble = _mm256_set1_epi8(static_cast<char>(0xF0));
   for (int64_t ib = 0; ib < nb; ++ib) {
     const __m256 d = _mm256_set1_ps(half_to_float(x[ib].d) * half_to_float(y[ib].d));
-    const __m256i fifth = _mm256_andnot_si256(bytes_from_bits_32(x[ib].qh), high_nibble);
-    const __m256i qx = _mm256_or_si256(bytes_from_nibbles_32(x[ib].qs), fifth);
+    const __m256i qx = q5_0_signed_bytes(&x[ib]);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[ib].qs));
     const __m256 q = mul_sum_i8_pairs_float(qx, qy);
     acc = _mm256_fmadd_ps(d, q, acc);
@@ -565,13 +569,17 @@ void row_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t*
     y[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[r]));
 }
 
-// Q4_0 and Q8_0 weights against Q8_0 activations differ only in how a weight block becomes
-// 32 signed bytes.
+// Q4_0, Q5_0 and Q8_0 weights against Q8_0 activations differ only in how a weight block
+// becomes 32 signed bytes.
 template <class Block>
 inline __m256i signed_weight_bytes(const Block* b);
 template <>
 inline __m256i signed_weight_bytes<BlockQ4_0>(const BlockQ4_0* b) {
   return _mm256_sub_epi8(bytes_from_nibbles_32(b->qs), _mm256_set1_epi8(8));
+}
+template <>
+inline __m256i signed_weight_bytes<BlockQ5_0>(const BlockQ5_0* b) {
+  return q5_0_signed_bytes(b);
 }
 template <>
 inline __m256i signed_weight_bytes<BlockQ8_0>(const BlockQ8_0* b) {
@@ -651,6 +659,10 @@ struct Q41<2, 4> {
 template <int R, int T>
 struct Q40 {
   static constexpr TileFn fn = &tile_x_q8_0<BlockQ4_0, R, T>;
+};
+template <int R, int T>
+struct Q50 {
+  static constexpr TileFn fn = &tile_x_q8_0<BlockQ5_0, R, T>;
 };
 template <int R, int T>
 struct Q80 {
@@ -803,6 +815,9 @@ bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int6
       return true;
     case kTileQ4_0:
       run_tiles<Q40, BlockQ8_0, BlockQ4_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      return true;
+    case kTileQ5_0:
+      run_tiles<Q50, BlockQ8_0, BlockQ5_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
       return true;
     case kTileQ8_0:
       run_tiles<Q80, BlockQ8_0, BlockQ8_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);

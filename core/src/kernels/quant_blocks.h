@@ -108,6 +108,7 @@ void quantize_activations_q8_avx2(const float* x, void* y, int64_t n, bool q8_1,
 // (computing nothing) for a type without a tile kernel.
 inline constexpr int kTileQ4_0 = 2;
 inline constexpr int kTileQ4_1 = 3;
+inline constexpr int kTileQ5_0 = 6;
 inline constexpr int kTileQ8_0 = 8;
 bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
                        const void* x, size_t x_stride, int64_t x_rows, float* y,
