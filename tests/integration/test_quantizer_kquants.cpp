@@ -1,7 +1,8 @@
-// quantizer.gguf with K-quant weights (Q4_K, Q6_K) beside other GGML types, as in llama.cpp's
-// Q4_K_M files: the plugin accepts them, quantizes the input to Q8_K once for both, and every
-// output element equals vec_dot of its (weight row, activation row) pair bit for bit, also when
-// one grouped matmul mixes K-quant and Q8_0 weights. Needs the plugins, not the model.
+// quantizer.gguf with the weight types of llama.cpp's Q4_K_M files (Q4_K, Q6_K, and Q5_0 / Q5_1
+// where a width is not a multiple of 256) beside Q8_0: the plugin accepts them, quantizes the
+// input once per dot type (Q8_K, Q8_0, Q8_1), and every output element equals vec_dot of its
+// (weight row, activation row) pair bit for bit, also when one grouped matmul mixes all of
+// them. Needs the plugins, not the model.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -62,7 +63,7 @@ std::vector<uint8_t> random_weight(GgmlType type, int64_t rows, int64_t cols, ui
 
 }  // namespace
 
-TEST_CASE("quantizer.gguf runs Q4_K and Q6_K weights, alone and grouped with Q8_0") {
+TEST_CASE("quantizer.gguf runs Q4_K, Q6_K, Q5_0 and Q5_1 weights, alone and grouped with Q8_0") {
   PluginRegistry registry;
   registry.scan_directory(test::plugin_dir());
   PluginContext ctx{&host_logger(), ""};
@@ -70,16 +71,20 @@ TEST_CASE("quantizer.gguf runs Q4_K and Q6_K weights, alone and grouped with Q8_
   REQUIRE(quantizer);
   CHECK(quantizer->supports(static_cast<uint32_t>(GgmlType::Q4_K)));
   CHECK(quantizer->supports(static_cast<uint32_t>(GgmlType::Q6_K)));
+  CHECK(quantizer->supports(static_cast<uint32_t>(GgmlType::Q5_0)));
+  CHECK(quantizer->supports(static_cast<uint32_t>(GgmlType::Q5_1)));
   CHECK_FALSE(quantizer->supports(static_cast<uint32_t>(GgmlType::Q5_K)));
   CHECK_FALSE(quantizer->supports(static_cast<uint32_t>(GgmlType::Q8_K)));
 
   const int64_t cols = 512;
   const int64_t num_tokens = 5;
-  const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K};
-  const int64_t rows[] = {37, 20, 19};
+  constexpr int kWeights = 5;
+  const GgmlType types[kWeights] = {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K,
+                                    GgmlType::Q5_0, GgmlType::Q5_1};
+  const int64_t rows[kWeights] = {37, 20, 19, 23, 18};
   std::vector<std::vector<uint8_t>> data;
   std::vector<std::unique_ptr<PreparedWeight>> prepared;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kWeights; ++i) {
     data.push_back(random_weight(types[i], rows[i], cols, 100u + i));
     WeightView view{"w", static_cast<uint32_t>(types[i]), cols, rows[i], data.back().data(),
                     data.back().size()};
@@ -115,19 +120,18 @@ TEST_CASE("quantizer.gguf runs Q4_K and Q6_K weights, alone and grouped with Q8_
   };
 
   SerialExecutor exec;
-  std::vector<std::vector<float>> single(3), grouped(3);
-  for (int i = 0; i < 3; ++i) {
+  std::vector<std::vector<float>> single(kWeights), grouped(kWeights);
+  for (int i = 0; i < kWeights; ++i) {
     single[i].assign(static_cast<size_t>(num_tokens * rows[i]), -1.0f);
     grouped[i].assign(single[i].size(), -1.0f);
     quantizer->matmul(*prepared[i], x.data(), num_tokens, single[i].data(), exec);
   }
   auto* group = dynamic_cast<GroupedMatmul*>(quantizer.get());
   REQUIRE(group != nullptr);
-  const MatmulTarget targets[] = {{prepared[0].get(), grouped[0].data()},
-                                  {prepared[1].get(), grouped[1].data()},
-                                  {prepared[2].get(), grouped[2].data()}};
-  group->matmul_group(std::span<const MatmulTarget>(targets, 3), x.data(), num_tokens, exec);
-  for (int i = 0; i < 3; ++i) {
+  std::vector<MatmulTarget> targets;
+  for (int i = 0; i < kWeights; ++i) targets.push_back({prepared[i].get(), grouped[i].data()});
+  group->matmul_group(std::span<const MatmulTarget>(targets), x.data(), num_tokens, exec);
+  for (int i = 0; i < kWeights; ++i) {
     CAPTURE(ggml_type_name(types[i]));
     const std::vector<float> want = expected(i);
     CHECK(std::memcmp(single[i].data(), want.data(), want.size() * sizeof(float)) == 0);
@@ -142,6 +146,11 @@ TEST_CASE("quantizer.gguf runs Q4_K and Q6_K weights, alone and grouped with Q8_
   std::vector<float> row(cols), ref(cols);
   quantizer->dequantize_row(*prepared[2], 3, row.data());
   REQUIRE(dequantize_row(GgmlType::Q6_K, data[2].data() + 3 * ggml_row_size(GgmlType::Q6_K, cols),
+                         ref.data(), cols));
+  CHECK(row == ref);
+  // Likewise a Q5_0 row.
+  quantizer->dequantize_row(*prepared[3], 4, row.data());
+  REQUIRE(dequantize_row(GgmlType::Q5_0, data[3].data() + 4 * ggml_row_size(GgmlType::Q5_0, cols),
                          ref.data(), cols));
   CHECK(row == ref);
 }

@@ -33,9 +33,9 @@ size_t ggml_row_size(GgmlType type, int64_t n);
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 
-// Reference conversions. Supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q8_1, Q8_K (and
-// dequantize only for Q4_K, Q6_K). Return false for a type they do not support. n is a multiple
-// of the block size.
+// Reference conversions. Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K
+// (and dequantize only for Q4_K, Q6_K). Return false for a type they do not support. n is a
+// multiple of the block size.
 bool dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 

@@ -37,6 +37,19 @@ inline __m256i bytes_from_nibbles_32(const uint8_t* rsi) {
   return _mm256_and_si256(low_mask, bytes);
 }
 
+// The 32 bits of a Q5 qh mask -> 32 bytes, 0xFF where the bit is set and 0 where not (byte k
+// from bit k). Each byte is broadcast to the 8 lanes that need it, every bit but the wanted one
+// is forced on, and the compare with all-ones tests the remaining bit.
+inline __m256i bytes_from_bits_32(const uint8_t* qh) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, qh, sizeof bits);
+  const __m256i spread = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                           0x0101010101010101LL, 0);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), spread);
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL);  // byte b: all bits but b mod 8
+  return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1));
+}
+
 // Sum of adjacent int16 pairs -> 8 int32 -> 8 floats.
 inline __m256 sum_i16_pairs_float(const __m256i x) {
   const __m256i ones = _mm256_set1_epi16(1);
@@ -117,6 +130,51 @@ float vec_dot_q4_1_q8_1_avx2(int64_t n, const void* w, const void* xv) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[ib].qs));
     const __m256 xy = mul_sum_us8_pairs_float(qx, qy);
     acc = _mm256_fmadd_ps(d0d1, xy, acc);
+  }
+  return hsum_float_8(acc) + summs;
+}
+
+// Q5_0: q - 16 as a signed byte is the nibble with 0xF0 or'ed in where the fifth bit is clear
+// (nibble - 16 in two's complement) and the bare nibble where it is set.
+inline __m256i q5_0_signed_bytes(const BlockQ5_0* b) {
+  const __m256i fifth =
+      _mm256_andnot_si256(bytes_from_bits_32(b->qh), _mm256_set1_epi8(static_cast<char>(0xF0)));
+  return _mm256_or_si256(bytes_from_nibbles_32(b->qs), fifth);
+}
+
+float vec_dot_q5_0_q8_0_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const BlockQ5_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(xv);
+  const int64_t nb = n / kQK8_0;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m256 d = _mm256_set1_ps(half_to_float(x[ib].d) * half_to_float(y[ib].d));
+    const __m256i qx = q5_0_signed_bytes(&x[ib]);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[ib].qs));
+    const __m256 q = mul_sum_i8_pairs_float(qx, qy);
+    acc = _mm256_fmadd_ps(d, q, acc);
+  }
+  return hsum_float_8(acc);
+}
+
+// Q5_1: unsigned 0..31 quants (nibble | 0x10 where the bit is set) straight into maddubs; the
+// min term is Q4_1's scalar running sum.
+float vec_dot_q5_1_q8_1_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const BlockQ5_1*>(w);
+  const auto* y = static_cast<const BlockQ8_1*>(xv);
+  const int64_t nb = n / kQK8_1;
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0.0f;
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const __m256 dx = _mm256_set1_ps(half_to_float(x[ib].d));
+    summs += half_to_float(x[ib].m) * half_to_float(y[ib].s);
+    const __m256i fifth = _mm256_and_si256(bytes_from_bits_32(x[ib].qh), bit4);
+    const __m256i qx = _mm256_or_si256(bytes_from_nibbles_32(x[ib].qs), fifth);
+    const __m256 dy = _mm256_set1_ps(half_to_float(y[ib].d));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[ib].qs));
+    const __m256 q = mul_sum_us8_pairs_float(qx, qy);
+    acc = _mm256_fmadd_ps(q, _mm256_mul_ps(dx, dy), acc);
   }
   return hsum_float_8(acc) + summs;
 }
@@ -511,13 +569,17 @@ void row_q4_1_q8_1(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t*
     y[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[r]));
 }
 
-// Q4_0 and Q8_0 weights against Q8_0 activations differ only in how a weight block becomes
-// 32 signed bytes.
+// Q4_0, Q5_0 and Q8_0 weights against Q8_0 activations differ only in how a weight block
+// becomes 32 signed bytes.
 template <class Block>
 inline __m256i signed_weight_bytes(const Block* b);
 template <>
 inline __m256i signed_weight_bytes<BlockQ4_0>(const BlockQ4_0* b) {
   return _mm256_sub_epi8(bytes_from_nibbles_32(b->qs), _mm256_set1_epi8(8));
+}
+template <>
+inline __m256i signed_weight_bytes<BlockQ5_0>(const BlockQ5_0* b) {
+  return q5_0_signed_bytes(b);
 }
 template <>
 inline __m256i signed_weight_bytes<BlockQ8_0>(const BlockQ8_0* b) {
@@ -597,6 +659,10 @@ struct Q41<2, 4> {
 template <int R, int T>
 struct Q40 {
   static constexpr TileFn fn = &tile_x_q8_0<BlockQ4_0, R, T>;
+};
+template <int R, int T>
+struct Q50 {
+  static constexpr TileFn fn = &tile_x_q8_0<BlockQ5_0, R, T>;
 };
 template <int R, int T>
 struct Q80 {
@@ -749,6 +815,9 @@ bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int6
       return true;
     case kTileQ4_0:
       run_tiles<Q40, BlockQ8_0, BlockQ4_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
+      return true;
+    case kTileQ5_0:
+      run_tiles<Q50, BlockQ8_0, BlockQ5_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);
       return true;
     case kTileQ8_0:
       run_tiles<Q80, BlockQ8_0, BlockQ8_0>(n, wb, w_stride, w_rows, xb, x_stride, x_rows, y, y_stride);

@@ -10,6 +10,8 @@ namespace tessera::kernels {
 
 inline constexpr int kQK4_0 = 32;
 inline constexpr int kQK4_1 = 32;
+inline constexpr int kQK5_0 = 32;
+inline constexpr int kQK5_1 = 32;
 inline constexpr int kQK8_0 = 32;
 inline constexpr int kQK8_1 = 32;
 inline constexpr int kQK_K = 256;     // super-block size of the K-quants
@@ -27,6 +29,23 @@ struct BlockQ4_1 {
   uint8_t qs[kQK4_1 / 2];   // same nibble order as Q4_0
 };
 static_assert(sizeof(BlockQ4_1) == 20, "must match ggml's block_q4_1");
+
+// The 5-bit formats are the 4-bit ones plus a 32-bit mask of fifth bits: bit j of qh (read as
+// a little-endian uint32) is bit 4 of element j, for all 32 elements of the block.
+struct BlockQ5_0 {
+  uint16_t d;               // fp16 scale; values are d * (q - 16), q in [0, 31]
+  uint8_t qh[4];            // fifth bits, element j at bit j
+  uint8_t qs[kQK5_0 / 2];   // low 4 bits in Q4_0's nibble order
+};
+static_assert(sizeof(BlockQ5_0) == 22, "must match ggml's block_q5_0");
+
+struct BlockQ5_1 {
+  uint16_t d;               // fp16 scale; values are d * q + m, q in [0, 31]
+  uint16_t m;               // fp16 block minimum
+  uint8_t qh[4];            // fifth bits, as Q5_0
+  uint8_t qs[kQK5_1 / 2];   // low 4 bits, as Q5_0
+};
+static_assert(sizeof(BlockQ5_1) == 24, "must match ggml's block_q5_1");
 
 struct BlockQ8_0 {
   uint16_t d;               // fp16 scale
@@ -71,6 +90,8 @@ static_assert(sizeof(BlockQ8_K) == 292, "must match ggml's block_q8_K");
 // translation unit is compiled with -mavx2 and may use those instructions anywhere.
 float vec_dot_q4_0_q8_0_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q4_1_q8_1_avx2(int64_t n, const void* w, const void* x);
+float vec_dot_q5_0_q8_0_avx2(int64_t n, const void* w, const void* x);
+float vec_dot_q5_1_q8_1_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q8_0_q8_0_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q4_k_q8_k_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q6_k_q8_k_avx2(int64_t n, const void* w, const void* x);
@@ -87,6 +108,7 @@ void quantize_activations_q8_avx2(const float* x, void* y, int64_t n, bool q8_1,
 // (computing nothing) for a type without a tile kernel.
 inline constexpr int kTileQ4_0 = 2;
 inline constexpr int kTileQ4_1 = 3;
+inline constexpr int kTileQ5_0 = 6;
 inline constexpr int kTileQ8_0 = 8;
 bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
                        const void* x, size_t x_stride, int64_t x_rows, float* y,

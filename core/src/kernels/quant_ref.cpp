@@ -30,41 +30,72 @@ namespace {
 using kernels::BlockQ4_0;
 using kernels::BlockQ4_1;
 using kernels::BlockQ4_K;
+using kernels::BlockQ5_0;
+using kernels::BlockQ5_1;
 using kernels::BlockQ6_K;
 using kernels::BlockQ8_0;
 using kernels::BlockQ8_1;
 using kernels::BlockQ8_K;
 using kernels::kQK4_0;
 using kernels::kQK4_1;
+using kernels::kQK5_0;
+using kernels::kQK5_1;
 using kernels::kQK8_0;
 using kernels::kQK8_1;
 using kernels::kQK_K;
 
 // ---- dequantize -------------------------------------------------------------------------
 
-void dequantize_row_q4_0(const BlockQ4_0* x, float* y, int64_t n) {
-  const int64_t nb = n / kQK4_0;
-  for (int64_t i = 0; i < nb; ++i) {
-    const float d = fp16_to_fp32(x[i].d);
-    for (int j = 0; j < kQK4_0 / 2; ++j) {
-      const int x0 = (x[i].qs[j] & 0x0F) - 8;
-      const int x1 = (x[i].qs[j] >> 4) - 8;
-      y[i * kQK4_0 + j] = x0 * d;
-      y[i * kQK4_0 + j + kQK4_0 / 2] = x1 * d;
-    }
-  }
+// The 32-element formats with 4-bit nibbles (Q4_0, Q4_1, Q5_0, Q5_1) store element j in the
+// low nibble of qs[j] and element j + 16 in the high nibble; the Q5 formats add bit 4 of every
+// element in a 32-bit mask qh (element k at bit k, read little-endian). Each *_quants function
+// yields the integer quants of elements j and j + 16 as the dots and dequantizers use them
+// (with Q4_0's -8 / Q5_0's -16 offset applied).
+struct QuantPair {
+  int lo;  // element j
+  int hi;  // element j + 16
+};
+
+inline uint32_t q5_high_bits(const uint8_t* qh) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, sizeof bits);
+  return bits;
+}
+// Bit 4 (0x10 or 0) of element k.
+inline int q5_fifth_bit(uint32_t bits, int k) { return static_cast<int>((bits >> k) & 1u) << 4; }
+
+inline QuantPair q4_0_quants(const BlockQ4_0& b, int j) {
+  return {(b.qs[j] & 0x0F) - 8, (b.qs[j] >> 4) - 8};
+}
+inline QuantPair q4_1_quants(const BlockQ4_1& b, int j) { return {b.qs[j] & 0x0F, b.qs[j] >> 4}; }
+inline QuantPair q5_0_quants(const BlockQ5_0& b, int j) {
+  const uint32_t qh = q5_high_bits(b.qh);
+  return {((b.qs[j] & 0x0F) | q5_fifth_bit(qh, j)) - 16,
+          ((b.qs[j] >> 4) | q5_fifth_bit(qh, j + 16)) - 16};
+}
+inline QuantPair q5_1_quants(const BlockQ5_1& b, int j) {
+  const uint32_t qh = q5_high_bits(b.qh);
+  return {(b.qs[j] & 0x0F) | q5_fifth_bit(qh, j), (b.qs[j] >> 4) | q5_fifth_bit(qh, j + 16)};
 }
 
-void dequantize_row_q4_1(const BlockQ4_1* x, float* y, int64_t n) {
-  const int64_t nb = n / kQK4_1;
+// y = q * d (Q4_0, Q5_0) or q * d + m (Q4_1, Q5_1, the blocks with a min), as ggml computes.
+template <class Block>
+void dequantize_row_nibbles(const Block* x, float* y, int64_t n,
+                            QuantPair (*quants)(const Block&, int)) {
+  constexpr bool kHasMin = requires(const Block& b) { b.m; };
+  const int64_t nb = n / 32;
   for (int64_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(x[i].d);
-    const float m = fp16_to_fp32(x[i].m);
-    for (int j = 0; j < kQK4_1 / 2; ++j) {
-      const int x0 = x[i].qs[j] & 0x0F;
-      const int x1 = x[i].qs[j] >> 4;
-      y[i * kQK4_1 + j] = x0 * d + m;
-      y[i * kQK4_1 + j + kQK4_1 / 2] = x1 * d + m;
+    for (int j = 0; j < 16; ++j) {
+      const QuantPair q = quants(x[i], j);
+      if constexpr (kHasMin) {
+        const float m = fp16_to_fp32(x[i].m);
+        y[i * 32 + j] = q.lo * d + m;
+        y[i * 32 + j + 16] = q.hi * d + m;
+      } else {
+        y[i * 32 + j] = q.lo * d;
+        y[i * 32 + j + 16] = q.hi * d;
+      }
     }
   }
 }
@@ -165,23 +196,53 @@ void dequantize_row_q8_k(const BlockQ8_K* x, float* y, int64_t n) {
 
 // ---- quantize (ggml's *_ref) --------------------------------------------------------------
 
+// The value of largest magnitude in x[0..n), with its sign (the first one on ties).
+float signed_max(const float* x, int n) {
+  float amax = 0.0f;
+  float max = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
+void min_max(const float* x, int n, float* min, float* max) {
+  *min = FLT_MAX;
+  *max = -FLT_MAX;
+  for (int j = 0; j < n; ++j) {
+    if (x[j] < *min) *min = x[j];
+    if (x[j] > *max) *max = x[j];
+  }
+}
+
+// Block header of Q4_0 / Q5_0 (levels = 16 / 32): the signed extreme maps to -levels/2, so
+// the full range is used on the side where it matters. Stores fp16(d), returns 1/d (0 for d = 0).
+template <class Block>
+float set_signed_scale(const float* x, int levels, Block* b) {
+  const float d = signed_max(x, 32) / -(levels / 2);
+  b->d = fp32_to_fp16(d);
+  return d != 0.0f ? 1.0f / d : 0.0f;
+}
+
+// Block header of Q4_1 / Q5_1: d = (max - min) / (levels - 1), m = min. Stores fp16(d) and
+// fp16(m), returns 1/d (0 for d = 0) and the unrounded min.
+template <class Block>
+float set_scale_and_min(const float* x, int levels, Block* b, float* min) {
+  float max;
+  min_max(x, 32, min, &max);
+  const float d = (max - *min) / (levels - 1);
+  b->d = fp32_to_fp16(d);
+  b->m = fp32_to_fp16(*min);
+  return d != 0.0f ? 1.0f / d : 0.0f;
+}
+
 void quantize_row_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
   const int64_t nb = n / kQK4_0;
   for (int64_t i = 0; i < nb; ++i) {
-    // The signed value of largest magnitude maps to -8, so the full [-8, 7] range is used on
-    // the side where it matters.
-    float amax = 0.0f;
-    float max = 0.0f;
-    for (int j = 0; j < kQK4_0; ++j) {
-      const float v = x[i * kQK4_0 + j];
-      if (amax < std::fabs(v)) {
-        amax = std::fabs(v);
-        max = v;
-      }
-    }
-    const float d = max / -8;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[i].d = fp32_to_fp16(d);
+    const float id = set_signed_scale(x + i * kQK4_0, 16, &y[i]);
     for (int j = 0; j < kQK4_0 / 2; ++j) {
       const float x0 = x[i * kQK4_0 + j] * id;
       const float x1 = x[i * kQK4_0 + kQK4_0 / 2 + j] * id;
@@ -196,17 +257,8 @@ void quantize_row_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
 void quantize_row_q4_1(const float* x, BlockQ4_1* y, int64_t n) {
   const int64_t nb = n / kQK4_1;
   for (int64_t i = 0; i < nb; ++i) {
-    float min = FLT_MAX;
-    float max = -FLT_MAX;
-    for (int j = 0; j < kQK4_1; ++j) {
-      const float v = x[i * kQK4_1 + j];
-      if (v < min) min = v;
-      if (v > max) max = v;
-    }
-    const float d = (max - min) / ((1 << 4) - 1);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[i].d = fp32_to_fp16(d);
-    y[i].m = fp32_to_fp16(min);
+    float min;
+    const float id = set_scale_and_min(x + i * kQK4_1, 16, &y[i], &min);
     for (int j = 0; j < kQK4_1 / 2; ++j) {
       const float x0 = (x[i * kQK4_1 + j] - min) * id;
       const float x1 = (x[i * kQK4_1 + kQK4_1 / 2 + j] - min) * id;
@@ -214,6 +266,49 @@ void quantize_row_q4_1(const float* x, BlockQ4_1* y, int64_t n) {
       const uint8_t xi1 = static_cast<uint8_t>(std::min<int8_t>(15, static_cast<int8_t>(x1 + 0.5f)));
       y[i].qs[j] = static_cast<uint8_t>(xi0 | (xi1 << 4));
     }
+  }
+}
+
+// Stores 5-bit quants q0 (element j) and q1 (element j + 16) of a Q5 block: low 4 bits as
+// nibbles, bit 4 into the qh mask.
+inline void q5_store_pair(uint8_t* qs, uint32_t* qh, int j, uint8_t q0, uint8_t q1) {
+  qs[j] = static_cast<uint8_t>((q0 & 0x0F) | ((q1 & 0x0F) << 4));
+  *qh |= static_cast<uint32_t>((q0 >> 4) & 1u) << j;
+  *qh |= static_cast<uint32_t>((q1 >> 4) & 1u) << (j + 16);
+}
+
+// As Q4_0 with 32 levels: d = max / -16.
+void quantize_row_q5_0(const float* x, BlockQ5_0* y, int64_t n) {
+  const int64_t nb = n / kQK5_0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float id = set_signed_scale(x + i * kQK5_0, 32, &y[i]);
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK5_0 / 2; ++j) {
+      // ggml's rounding: truncate x + 16.5 toward zero through int8, clamp to 31.
+      const float x0 = x[i * kQK5_0 + j] * id;
+      const float x1 = x[i * kQK5_0 + kQK5_0 / 2 + j] * id;
+      const auto xi0 = static_cast<uint8_t>(std::min<int8_t>(31, static_cast<int8_t>(x0 + 16.5f)));
+      const auto xi1 = static_cast<uint8_t>(std::min<int8_t>(31, static_cast<int8_t>(x1 + 16.5f)));
+      q5_store_pair(y[i].qs, &qh, j, xi0, xi1);
+    }
+    std::memcpy(y[i].qh, &qh, sizeof qh);
+  }
+}
+
+// As Q4_1 with 32 levels. Unlike Q4_1, ggml does not clamp the rounded quants here; neither
+// do we.
+void quantize_row_q5_1(const float* x, BlockQ5_1* y, int64_t n) {
+  const int64_t nb = n / kQK5_1;
+  for (int64_t i = 0; i < nb; ++i) {
+    float min;
+    const float id = set_scale_and_min(x + i * kQK5_1, 32, &y[i], &min);
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK5_1 / 2; ++j) {
+      const auto xi0 = static_cast<uint8_t>((x[i * kQK5_1 + j] - min) * id + 0.5f);
+      const auto xi1 = static_cast<uint8_t>((x[i * kQK5_1 + kQK5_1 / 2 + j] - min) * id + 0.5f);
+      q5_store_pair(y[i].qs, &qh, j, xi0, xi1);
+    }
+    std::memcpy(y[i].qh, &qh, sizeof qh);
   }
 }
 
@@ -347,39 +442,50 @@ uint16_t fp32_to_bf16(float f) {
 
 // ---- scalar dot products (ggml's generic paths) ---------------------------------------------
 
+// Integer dot of one 32-element nibble block with 32 int8 activations, as ggml's generic C
+// forms it: elements j and j + 16 in two running sums, added at the end.
+template <class Block>
+int block_sumi(const Block& x, const int8_t* y, QuantPair (*quants)(const Block&, int)) {
+  int sumi0 = 0;
+  int sumi1 = 0;
+  for (int j = 0; j < 16; ++j) {
+    const QuantPair q = quants(x, j);
+    sumi0 += q.lo * y[j];
+    sumi1 += q.hi * y[j + 16];
+  }
+  return sumi0 + sumi1;
+}
+
 float vec_dot_q4_0_q8_0_ref(int64_t n, const BlockQ4_0* x, const BlockQ8_0* y) {
   const int64_t nb = n / kQK8_0;
   float sumf = 0.0f;
   for (int64_t ib = 0; ib < nb; ++ib) {
-    int sumi0 = 0;
-    int sumi1 = 0;
-    for (int j = 0; j < kQK8_0 / 2; ++j) {
-      const int v0 = (x[ib].qs[j] & 0x0F) - 8;
-      const int v1 = (x[ib].qs[j] >> 4) - 8;
-      sumi0 += v0 * y[ib].qs[j];
-      sumi1 += v1 * y[ib].qs[j + kQK8_0 / 2];
-    }
-    const int sumi = sumi0 + sumi1;
+    const int sumi = block_sumi(x[ib], y[ib].qs, q4_0_quants);
     sumf += sumi * fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d);
   }
   return sumf;
 }
 
-float vec_dot_q4_1_q8_1_ref(int64_t n, const BlockQ4_1* x, const BlockQ8_1* y) {
+// ggml's generic Q5_0 dot: unlike Q4_0's sumi * d_w * d_x, the scale product is formed first.
+float vec_dot_q5_0_q8_0_ref(int64_t n, const BlockQ5_0* x, const BlockQ8_0* y) {
+  const int64_t nb = n / kQK8_0;
+  float sumf = 0.0f;
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const int sumi = block_sumi(x[ib], y[ib].qs, q5_0_quants);
+    sumf += (fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d)) * sumi;
+  }
+  return sumf;
+}
+
+// Q4_1 and Q5_1: sum_j (q_w*d_w + m)(q_x*d_x) = d_w*d_x*sum(q_w*q_x) + m*(d_x*sum(q_x)), and
+// the second factor is exactly what Q8_1 stores in s.
+template <class Block>
+float vec_dot_with_min_ref(int64_t n, const Block* x, const BlockQ8_1* y,
+                           QuantPair (*quants)(const Block&, int)) {
   const int64_t nb = n / kQK8_1;
   float sumf = 0.0f;
   for (int64_t ib = 0; ib < nb; ++ib) {
-    int sumi0 = 0;
-    int sumi1 = 0;
-    for (int j = 0; j < kQK8_1 / 2; ++j) {
-      const int v0 = x[ib].qs[j] & 0x0F;
-      const int v1 = x[ib].qs[j] >> 4;
-      sumi0 += v0 * y[ib].qs[j];
-      sumi1 += v1 * y[ib].qs[j + kQK8_1 / 2];
-    }
-    const int sumi = sumi0 + sumi1;
-    // sum_j (q_w*d_w + m)(q_x*d_x) = d_w*d_x*sum(q_w*q_x) + m*(d_x*sum(q_x)), and the
-    // second factor is exactly what Q8_1 stores in s.
+    const int sumi = block_sumi(x[ib], y[ib].qs, quants);
     sumf += (fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d)) * sumi +
             fp16_to_fp32(x[ib].m) * fp16_to_fp32(y[ib].s);
   }
@@ -498,10 +604,16 @@ bool dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
       return true;
     }
     case GgmlType::Q4_0:
-      dequantize_row_q4_0(static_cast<const BlockQ4_0*>(src), dst, n);
+      dequantize_row_nibbles(static_cast<const BlockQ4_0*>(src), dst, n, q4_0_quants);
       return true;
     case GgmlType::Q4_1:
-      dequantize_row_q4_1(static_cast<const BlockQ4_1*>(src), dst, n);
+      dequantize_row_nibbles(static_cast<const BlockQ4_1*>(src), dst, n, q4_1_quants);
+      return true;
+    case GgmlType::Q5_0:
+      dequantize_row_nibbles(static_cast<const BlockQ5_0*>(src), dst, n, q5_0_quants);
+      return true;
+    case GgmlType::Q5_1:
+      dequantize_row_nibbles(static_cast<const BlockQ5_1*>(src), dst, n, q5_1_quants);
       return true;
     case GgmlType::Q8_0:
       dequantize_row_q8_0(static_cast<const BlockQ8_0*>(src), dst, n);
@@ -544,6 +656,12 @@ bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
     case GgmlType::Q4_1:
       quantize_row_q4_1(src, static_cast<BlockQ4_1*>(dst), n);
       return true;
+    case GgmlType::Q5_0:
+      quantize_row_q5_0(src, static_cast<BlockQ5_0*>(dst), n);
+      return true;
+    case GgmlType::Q5_1:
+      quantize_row_q5_1(src, static_cast<BlockQ5_1*>(dst), n);
+      return true;
     case GgmlType::Q8_0:
       quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n);
       return true;
@@ -563,9 +681,11 @@ GgmlType vec_dot_type(GgmlType weight_type) {
     case GgmlType::F16:
       return GgmlType::F16;
     case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
     case GgmlType::Q8_0:
       return GgmlType::Q8_0;
     case GgmlType::Q4_1:
+    case GgmlType::Q5_1:
       return GgmlType::Q8_1;
     case GgmlType::Q4_K:
     case GgmlType::Q6_K:
@@ -583,6 +703,8 @@ bool has_vec_dot(GgmlType weight_type) {
     case GgmlType::F16:
     case GgmlType::Q4_0:
     case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
     case GgmlType::Q8_0:
     case GgmlType::Q4_K:
     case GgmlType::Q6_K:
@@ -620,8 +742,14 @@ float vec_dot_scalar(GgmlType weight_type, int64_t n, const void* weight_row, co
       return vec_dot_q4_0_q8_0_ref(n, static_cast<const BlockQ4_0*>(weight_row),
                                    static_cast<const BlockQ8_0*>(x));
     case GgmlType::Q4_1:
-      return vec_dot_q4_1_q8_1_ref(n, static_cast<const BlockQ4_1*>(weight_row),
-                                   static_cast<const BlockQ8_1*>(x));
+      return vec_dot_with_min_ref(n, static_cast<const BlockQ4_1*>(weight_row),
+                                  static_cast<const BlockQ8_1*>(x), q4_1_quants);
+    case GgmlType::Q5_0:
+      return vec_dot_q5_0_q8_0_ref(n, static_cast<const BlockQ5_0*>(weight_row),
+                                   static_cast<const BlockQ8_0*>(x));
+    case GgmlType::Q5_1:
+      return vec_dot_with_min_ref(n, static_cast<const BlockQ5_1*>(weight_row),
+                                  static_cast<const BlockQ8_1*>(x), q5_1_quants);
     case GgmlType::Q8_0:
       return vec_dot_q8_0_q8_0_ref(n, static_cast<const BlockQ8_0*>(weight_row),
                                    static_cast<const BlockQ8_0*>(x));
@@ -649,6 +777,10 @@ float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const voi
         return kernels::vec_dot_q4_0_q8_0_avx2(n, weight_row, x);
       case GgmlType::Q4_1:
         return kernels::vec_dot_q4_1_q8_1_avx2(n, weight_row, x);
+      case GgmlType::Q5_0:
+        return kernels::vec_dot_q5_0_q8_0_avx2(n, weight_row, x);
+      case GgmlType::Q5_1:
+        return kernels::vec_dot_q5_1_q8_1_avx2(n, weight_row, x);
       case GgmlType::Q8_0:
         return kernels::vec_dot_q8_0_q8_0_avx2(n, weight_row, x);
       case GgmlType::Q4_K:

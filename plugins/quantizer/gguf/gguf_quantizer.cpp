@@ -1,7 +1,7 @@
-// quantizer.gguf: uses GGUF weights in place (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, F32, BF16 via
-// F32 conversion at load) with the GGML block dot products. Activations are quantized once per
-// row to the weight type's dot type (Q8_1 for Q4_1, Q8_K for the K-quants, ...), as llama.cpp
-// does, so logits match.
+// quantizer.gguf: uses GGUF weights in place (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, F16,
+// F32, BF16 via F32 conversion at load) with the GGML block dot products. Activations are
+// quantized once per row to the weight type's dot type (Q8_1 for Q4_1/Q5_1, Q8_K for the
+// K-quants, ...), as llama.cpp does, so logits match.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -181,5 +181,6 @@ class GgufQuantizer final : public Quantizer, public GroupedMatmul {
 }  // namespace tessera
 
 TESSERA_REGISTER_PLUGIN(tessera::GgufQuantizer, tessera::Quantizer, "gguf", "0.1.0",
-                        "GGUF block formats in place (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, F32, BF16)",
+                        "GGUF block formats in place (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, F16, "
+                        "F32, BF16)",
                         TESSERA_NO_PARAMS)
