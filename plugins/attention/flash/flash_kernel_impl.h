@@ -221,6 +221,29 @@ inline void prefetch_row(const T* row, int32_t d) {
 #endif
 }
 
+// One step of the online softmax for one query row over one K/V tile of `cols` positions:
+// scores against k_at(c), the running max m and sum l rescaled, P * V from v_at(c) into o.
+// Every path of this kernel (tiled prompt rows, decode rows read in place, whole-sequence
+// decode tasks) goes through here, so a row gets the same bits whichever path computes it.
+template <class KAt, class VAt>
+inline void softmax_tile_step(const float* q, KAt k_at, VAt v_at, int32_t cols, int32_t d,
+                              float scale, float* srow, float* o, float* m, double* l) {
+  scores(q, k_at, cols, d, scale, srow);
+  float tile_max = -std::numeric_limits<float>::infinity();
+  for (int32_t c = 0; c < cols; ++c) tile_max = std::max(tile_max, srow[c]);
+  const float new_max = std::max(*m, tile_max);
+  // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
+  const float alpha = std::exp(*m - new_max);
+  double sum = 0.0;
+  for (int32_t c = 0; c < cols; ++c) {
+    srow[c] = std::exp(srow[c] - new_max);
+    sum += srow[c];
+  }
+  rescale_accumulate(o, alpha, srow, v_at, cols, d);
+  *l = *l * alpha + sum;
+  *m = new_max;
+}
+
 // The online softmax of one query position for query heads [hb, he) (row g: q + g * d,
 // o + g * d, m[g], l[g]) over the visible positions [0, kv_end), reading K and V through
 // k_row(pos) / v_row(pos). Tiles outermost, so a tile's K/V rows serve every head while they
@@ -243,24 +266,10 @@ inline void attend_heads(const float* q, float* o, float* m, double* l, float* s
       for (int32_t c = cols; c < cols + kPrefetchRows && j0 + c < kv_end; ++c)
         prefetch_row(k_row(j0 + c), d);
     }
-    for (int32_t g = hb; g < he; ++g) {
-      scores(q + static_cast<size_t>(g) * d, [&](int32_t c) { return k_row(j0 + c); }, cols, d,
-             scale, srow);
-      float tile_max = -std::numeric_limits<float>::infinity();
-      for (int32_t c = 0; c < cols; ++c) tile_max = std::max(tile_max, srow[c]);
-      const float new_max = std::max(m[g], tile_max);
-      // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
-      const float alpha = std::exp(m[g] - new_max);
-      double sum = 0.0;
-      for (int32_t c = 0; c < cols; ++c) {
-        srow[c] = std::exp(srow[c] - new_max);
-        sum += srow[c];
-      }
-      rescale_accumulate(o + static_cast<size_t>(g) * d, alpha, srow,
-                         [&](int32_t c) { return v_row(j0 + c); }, cols, d);
-      l[g] = l[g] * alpha + sum;
-      m[g] = new_max;
-    }
+    for (int32_t g = hb; g < he; ++g)
+      softmax_tile_step(q + static_cast<size_t>(g) * d, [&](int32_t c) { return k_row(j0 + c); },
+                        [&](int32_t c) { return v_row(j0 + c); }, cols, d, scale, srow,
+                        o + static_cast<size_t>(g) * d, m + g, l + g);
   }
 }
 
@@ -375,22 +384,10 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
         if (cols <= 0) continue;
         for (int32_t g = hb; g < he; ++g) {
           const int32_t r = i * group + g;
-          const float* q = q_tile + static_cast<size_t>(r) * d;
-          scores(q, [&](int32_t c) -> const float* { return k_tile + static_cast<size_t>(c) * d; },
-                 cols, d, s.scale, srow);
-          float tile_max = -std::numeric_limits<float>::infinity();
-          for (int32_t c = 0; c < cols; ++c) tile_max = std::max(tile_max, srow[c]);
-          const float new_max = std::max(m[r], tile_max);
-          // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
-          const float alpha = std::exp(m[r] - new_max);
-          double sum = 0.0;
-          for (int32_t c = 0; c < cols; ++c) {
-            srow[c] = std::exp(srow[c] - new_max);
-            sum += srow[c];
-          }
-          rescale_accumulate(o_tile + static_cast<size_t>(r) * d, alpha, srow, v_row, cols, d);
-          l[r] = l[r] * alpha + sum;
-          m[r] = new_max;
+          softmax_tile_step(
+              q_tile + static_cast<size_t>(r) * d,
+              [&](int32_t c) -> const float* { return k_tile + static_cast<size_t>(c) * d; },
+              v_row, cols, d, s.scale, srow, o_tile + static_cast<size_t>(r) * d, m + r, l + r);
         }
       }
     }
