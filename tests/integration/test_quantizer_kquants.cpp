@@ -16,19 +16,11 @@
 #include "tessera/ggml_types.h"
 #include "tessera/plugin_registry.h"
 #include "tessera/sdk.h"
+#include "tessera/thread_pool.h"
 
 using namespace tessera;
 
 namespace {
-
-// Runs every range on the calling thread: enough for checking results.
-class SerialExecutor final : public Executor {
- public:
-  int num_threads() const override { return 1; }
-  void parallel_for(int64_t n, RangeFn fn, void* context) override {
-    if (n > 0) fn(context, 0, n, 0);
-  }
-};
 
 // A weight of `rows` rows: K-quant rows are random bytes (every pattern is a valid block) with
 // moderate fp16 scales; other types are quantized from random floats.
@@ -119,7 +111,7 @@ TEST_CASE("quantizer.gguf runs Q4_K, Q6_K, Q5_0 and Q5_1 weights, alone and grou
     return y;
   };
 
-  SerialExecutor exec;
+  ThreadPool exec(1);  // one thread: every range runs on the caller
   std::vector<std::vector<float>> single(kWeights), grouped(kWeights);
   for (int i = 0; i < kWeights; ++i) {
     single[i].assign(static_cast<size_t>(num_tokens * rows[i]), -1.0f);

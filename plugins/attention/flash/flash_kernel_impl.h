@@ -118,21 +118,20 @@ inline void scores(const float* q, KRow k_row, int32_t cols, int32_t n, float sc
 template <class VRow>
 inline void rescale_accumulate(float* o, float alpha, const float* p, VRow v_row, int32_t cols,
                                int32_t d) {
-  const auto o_ptr = [o](int32_t k) { return o + k; };
   int32_t k0 = 0;
 #if TESSERA_FLASH_AVX2
   const __m256 a = _mm256_set1_ps(alpha);
   // 64 elements per pass where the head is that wide: 8 independent FMA chains keep both FMA
   // pipes busy (4 chains waited on the FMA latency). Each element's sequence is unchanged.
   for (; k0 + 64 <= d; k0 += 64) {
-    __m256 o[8];
-    for (int j = 0; j < 8; ++j) o[j] = _mm256_mul_ps(a, _mm256_loadu_ps(o_ptr(k0 + 8 * j)));
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 8 * j));
     for (int32_t c = 0; c < cols; ++c) {
       const auto* vc = v_row(c) + k0;
       const __m256 pc = _mm256_set1_ps(p[c]);
-      for (int j = 0; j < 8; ++j) o[j] = _mm256_fmadd_ps(pc, load8(vc + 8 * j), o[j]);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(pc, load8(vc + 8 * j), acc[j]);
     }
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o_ptr(k0 + 8 * j), o[j]);
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + k0 + 8 * j, acc[j]);
   }
   for (; k0 + 32 <= d; k0 += 32) {
     __m256 o0 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0));
@@ -295,19 +294,8 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   // Like the naive kernel (and llama.cpp): with an f16 cache Q is rounded to f16 before it
   // meets K. The probabilities stay f32 here since they are only final at the end.
   const bool half = s.kv_dtype == KvDtype::kF16;
-  for (int32_t i = 0; i < num_q; ++i) {
-    const float* src = batch.q + (seq.query_start + task.q_begin + i) * q_stride +
-                       static_cast<int64_t>(task.kv_head) * group * d;
-    float* dst = q_tile + static_cast<size_t>(i) * group * d;
-    for (int32_t k = hb * d; k < he * d; ++k)
-      dst[k] = half ? fp16_to_fp32(fp32_to_fp16(src[k])) : src[k];
-  }
-  std::fill(o_tile, o_tile + static_cast<size_t>(rows) * d, 0.0f);
-  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-  std::fill(l, l + rows, 0.0);
-
-  const int32_t kv_end = first_visible_end + task.q_end - 1;  // exclusive, for the last query
   if (task.kv_head_end > task.kv_head + 1) {
+    const int32_t kv_end = seq.context_len;  // one query position: the whole context
     // A whole decode sequence (one query position, every head of KV heads [kv_head,
     // kv_head_end)): per tile, the K/V rows of all those KV heads are prefetched together
     // (they are contiguous), then each group of query heads runs against its KV head.
@@ -357,6 +345,18 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
     }
     return;
   }
+  for (int32_t i = 0; i < num_q; ++i) {
+    const float* src = batch.q + (seq.query_start + task.q_begin + i) * q_stride +
+                       static_cast<int64_t>(task.kv_head) * group * d;
+    float* dst = q_tile + static_cast<size_t>(i) * group * d;
+    for (int32_t k = hb * d; k < he * d; ++k)
+      dst[k] = half ? fp16_to_fp32(fp32_to_fp16(src[k])) : src[k];
+  }
+  std::fill(o_tile, o_tile + static_cast<size_t>(rows) * d, 0.0f);
+  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + rows, 0.0);
+
+  const int32_t kv_end = first_visible_end + task.q_end - 1;  // exclusive, for the last query
   if (num_q == 1) {
     // One query position (decode): nothing would reuse a widened tile, so K and V are read
     // where they lie in the pool, f16 rows widened in registers.
