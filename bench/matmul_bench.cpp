@@ -5,6 +5,10 @@
 // batch-1 pass reaches. Use it to measure a kernel change without the noise of a whole run:
 //
 //     build/bench/bench_matmul [--threads 2] [--passes 20] [--batches 1,4,8,16]
+//                              [--layout ggml|interleaved|both]
+//
+// --layout picks quantizer.gguf's Q4_1 layout (tessera/interleaved.h); `both` alternates the
+// two pass by pass, so their ratio is measured side by side.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "tessera/ggml_types.h"
+#include "tessera/interleaved.h"
 #include "tessera/thread_pool.h"
 
 namespace {
@@ -25,6 +30,7 @@ struct Matrix {
   GgmlType type;
   int64_t rows, cols;
   std::vector<uint8_t> data;
+  std::vector<uint8_t> interleaved;  // Q4_1 only: the same rows in the interleaved layout
   size_t row_bytes() const { return tessera::ggml_row_size(type, cols); }
 };
 
@@ -37,6 +43,10 @@ Matrix random_matrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rn
     for (auto& v : f) v = dist(rng);
     tessera::quantize_row(type, f.data(), m.data.data() + r * m.row_bytes(), cols);
   }
+  if (type == GgmlType::Q4_1) {
+    m.interleaved.resize(tessera::interleaved_q4_1_size(rows, cols));
+    tessera::interleave_q4_1(m.data.data(), rows, cols, m.interleaved.data());
+  }
   return m;
 }
 
@@ -46,6 +56,7 @@ struct Job {
   size_t x_stride;
   int64_t tokens;
   float* y;
+  bool interleaved;
 };
 
 // The same split as quantizer.gguf: 16-row tasks, contiguous ranges per thread.
@@ -54,6 +65,13 @@ void run_matmul(tessera::ThreadPool& pool, const Job& job) {
   const int64_t tasks = (job.m->rows + kRowsPerTask - 1) / kRowsPerTask;
   pool.run(tasks, [&](int64_t b, int64_t e, int) {
     const int64_t r0 = b * kRowsPerTask, r1 = std::min(job.m->rows, e * kRowsPerTask);
+    if (job.interleaved && !job.m->interleaved.empty()) {
+      const size_t group_bytes = tessera::interleaved_q4_1_group_size(job.m->cols);
+      tessera::matmul_q4_1_interleaved(job.m->interleaved.data() + r0 / 8 * group_bytes,
+                                       job.m->cols, r1 - r0, job.x, job.x_stride, job.tokens,
+                                       job.y + r0, job.m->rows);
+      return;
+    }
     tessera::vec_dot_tile(job.m->type, job.m->cols, job.m->data.data() + r0 * job.m->row_bytes(),
                           job.m->row_bytes(), r1 - r0, job.x, job.x_stride, job.tokens,
                           job.y + r0, job.m->rows);
@@ -64,11 +82,13 @@ void run_matmul(tessera::ThreadPool& pool, const Job& job) {
 
 int main(int argc, char** argv) {
   int threads = 2, passes = 20;
+  std::string layout = "ggml";
   std::vector<int> batches = {1, 2, 4, 8, 16, 32};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--passes" && i + 1 < argc) passes = std::atoi(argv[++i]);
+    else if (a == "--layout" && i + 1 < argc) layout = argv[++i];
     else if (a == "--batches" && i + 1 < argc) {
       batches.clear();
       std::string s = argv[++i];
@@ -79,10 +99,18 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--passes N] [--batches 1,4,...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--passes N] [--batches 1,4,...] "
+                   "[--layout ggml|interleaved|both]\n", argv[0]);
       return 2;
     }
   }
+  if (layout != "ggml" && layout != "interleaved" && layout != "both") {
+    std::fprintf(stderr, "--layout: expected ggml, interleaved or both, got '%s'\n", layout.c_str());
+    return 2;
+  }
+  std::vector<bool> layouts;  // interleaved?
+  if (layout != "interleaved") layouts.push_back(false);
+  if (layout != "ggml") layouts.push_back(true);
   std::mt19937 rng(7);
   const int64_t d = 576, kv = 192, ffn = 1536, vocab = 49152, layers = 30;
   std::vector<Matrix> mats;
@@ -111,24 +139,28 @@ int main(int argc, char** argv) {
   tessera::ThreadPool pool(threads);
   std::printf("weights %.1f MiB in %zu matrices, %d threads, %d passes per batch\n",
               bytes / 1048576.0, mats.size(), threads, passes);
-  std::printf("batch   ms/pass (median)   min     tokens/s   GB/s (weights)\n");
+  std::printf("layout        batch   ms/pass (median)   min     tokens/s   GB/s (weights)\n");
   for (int batch : batches) {
-    std::vector<double> ms;
+    std::vector<std::vector<double>> ms(layouts.size());
     for (int p = 0; p < passes + 2; ++p) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (const auto& m : mats) {
-        const bool q8_0 = m.type == GgmlType::Q8_0;
-        const auto& x = q8_0 ? x80_d : (m.cols == d ? x81_d : x81_f);
-        const size_t xs = tessera::ggml_row_size(q8_0 ? GgmlType::Q8_0 : GgmlType::Q8_1, m.cols);
-        run_matmul(pool, Job{&m, x.data(), xs, batch, y.data()});
+      for (size_t li = 0; li < layouts.size(); ++li) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (const auto& m : mats) {
+          const bool q8_0 = m.type == GgmlType::Q8_0;
+          const auto& x = q8_0 ? x80_d : (m.cols == d ? x81_d : x81_f);
+          const size_t xs = tessera::ggml_row_size(q8_0 ? GgmlType::Q8_0 : GgmlType::Q8_1, m.cols);
+          run_matmul(pool, Job{&m, x.data(), xs, batch, y.data(), layouts[li]});
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        if (p >= 2) ms[li].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       }
-      const auto t1 = std::chrono::steady_clock::now();
-      if (p >= 2) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    std::printf("%5d   %16.2f %8.2f %12.1f %10.1f\n", batch, med, ms.front(), batch * 1000.0 / med,
-                bytes / (med * 1e6));
+    for (size_t li = 0; li < layouts.size(); ++li) {
+      std::sort(ms[li].begin(), ms[li].end());
+      const double med = ms[li][ms[li].size() / 2];
+      std::printf("%-12s %6d   %16.2f %8.2f %12.1f %10.1f\n", layouts[li] ? "interleaved" : "ggml",
+                  batch, med, ms[li].front(), batch * 1000.0 / med, bytes / (med * 1e6));
+    }
   }
   return 0;
 }

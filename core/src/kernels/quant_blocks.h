@@ -86,6 +86,15 @@ struct BlockQ8_K {
 };
 static_assert(sizeof(BlockQ8_K) == 292, "must match ggml's block_q8_K");
 
+// Block b of 8 interleaved Q4_1 rows (see tessera/interleaved.h): the rows' scales and mins,
+// then their quants 4 bytes at a time, so byte 32 k + 4 j + i is byte 4 k + i of row j's qs.
+struct BlockQ4_1x8 {
+  uint16_t d[8];
+  uint16_t m[8];
+  uint8_t qs[8 * kQK4_1 / 2];
+};
+static_assert(sizeof(BlockQ4_1x8) == 8 * sizeof(BlockQ4_1), "interleaving adds no bytes");
+
 // AVX2/FMA/F16C kernels (quant_avx2.cpp). Only call after cpu_has_avx2() returned true: the
 // translation unit is compiled with -mavx2 and may use those instructions anywhere.
 float vec_dot_q4_0_q8_0_avx2(int64_t n, const void* w, const void* x);
@@ -113,5 +122,10 @@ inline constexpr int kTileQ8_0 = 8;
 bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int64_t w_rows,
                        const void* x, size_t x_stride, int64_t x_rows, float* y,
                        int64_t y_stride);
+
+// Interleaved Q4_1 x Q8_1 (interleaved_avx2.cpp): rows [0, w_rows) of the groups starting
+// at w, against x_rows activation rows; the order of tessera/interleaved.h.
+void matmul_q4_1x8_avx2(int64_t nb, const BlockQ4_1x8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
 
 }  // namespace tessera::kernels

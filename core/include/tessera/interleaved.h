@@ -1,0 +1,54 @@
+// Q4_1 weights interleaved 8 rows at a time, and the matmul kernels over that layout.
+//
+// GGML's row-major Q4_1 blocks are dotted one (row, token) pair at a time: every block pair
+// costs an integer dot, its horizontal reduction, a float conversion and an FMA (ggml's
+// vec_dot order, which quantizer.gguf keeps so logits equal llama.cpp's bit for bit). With the
+// blocks of 8 rows interleaved 4 bytes at a time, one 256-bit integer dot against a broadcast
+// activation word yields partial sums for 8 rows in 8 lanes, so a block's integer sum is
+// accumulated vertically, exactly, and converted and scaled once per 8 rows: about half the
+// vector instructions per block pair.
+//
+// The result of each output element is fixed by this order, whatever the batch or tiling:
+//   acc = 0
+//   for each block b:  isum = sum of q_w * q_x over the 32 elements (exact, int32)
+//                      acc  = fma(d_w * d_x, float(isum), acc)
+//                      acc  = fma(m_w, s_x, acc)
+// where d_w, m_w are the weight block's fp16 scale and min, d_x, s_x the Q8_1 activation
+// block's fp16 scale and scaled sum. It differs from ggml's order only in rounding (the block
+// sums are exact rather than summed in 8 float lanes), so logits stay within rounding noise
+// of llama.cpp's rather than equal to them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera {
+
+// Rows per interleaved group; a matrix is padded with zero rows up to a multiple of this.
+inline constexpr int64_t kInterleaveRows = 8;
+
+// Bytes of a rows x cols Q4_1 matrix in the interleaved layout (cols a multiple of 32).
+size_t interleaved_q4_1_size(int64_t rows, int64_t cols);
+// Bytes of one group of 8 rows.
+size_t interleaved_q4_1_group_size(int64_t cols);
+
+// GGUF Q4_1 rows (src, row-major blocks) -> the interleaved layout (dst, interleaved_q4_1_size
+// bytes). The layout of one group, per block index b: the 8 rows' fp16 scales, their 8 fp16
+// mins, then 128 bytes of quants in 4 chunks of 32, where byte 4*j + i of chunk k is byte
+// 4*k + i of row j's qs (element 4k+i in the low nibble, element 16+4k+i in the high one).
+void interleave_q4_1(const void* src, int64_t rows, int64_t cols, void* dst);
+// Row `row` of an interleaved matrix back in GGUF Q4_1 blocks (ggml_row_size(Q4_1, cols)
+// bytes): embedding lookups and tests.
+void deinterleave_q4_1_row(const void* packed, int64_t cols, int64_t row, void* dst);
+
+// y[t * y_stride + r] for r < w_rows and t < x_rows: weight rows [0, w_rows) of an interleaved
+// matrix starting at `packed` (a group boundary) against Q8_1 activation rows x, x_stride
+// bytes apart, in the order above. Dispatches to AVX2 when the CPU has it.
+void matmul_q4_1_interleaved(const void* packed, int64_t cols, int64_t w_rows, const void* x,
+                             size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+// The portable version the AVX2 one is tested against; bit-identical results.
+void matmul_q4_1_interleaved_scalar(const void* packed, int64_t cols, int64_t w_rows,
+                                    const void* x, size_t x_stride, int64_t x_rows, float* y,
+                                    int64_t y_stride);
+
+}  // namespace tessera
