@@ -112,3 +112,25 @@ TEST_CASE("fp32_to_fp16_row (F16C where available) equals fp32_to_fp16 bit for b
   CHECK(mismatches == 0);
   CHECK(got[src.size() - 1] == 0x7C00);
 }
+
+TEST_CASE("sum_exp_shifted: both builds give the same bits, close to the double-precision sum") {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  for (int64_t n : {0, 1, 7, 8, 9, 64, 1000, 49152}) {
+    CAPTURE(n);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = dist(rng);
+    const float shift = n > 0 ? *std::max_element(x.begin(), x.end()) : 0.0f;
+    const double fast = tessera::sum_exp_shifted(x.data(), n, shift);
+    const double portable = tessera::sum_exp_shifted_scalar(x.data(), n, shift);
+    CHECK(std::memcmp(&fast, &portable, sizeof fast) == 0);
+    double exact = 0.0;
+    for (float v : x) exact += std::exp(static_cast<double>(v) - shift);
+    // Each term within 1.5 ulp of float; the double sum adds nothing that size.
+    CHECK(std::fabs(fast - exact) <= 2e-7 * exact);
+  }
+  // exp(-inf) terms (masked logits) add nothing.
+  std::vector<float> masked(16, -std::numeric_limits<float>::infinity());
+  masked[5] = 0.0f;
+  CHECK(tessera::sum_exp_shifted(masked.data(), 16, 0.0f) == 1.0);
+}

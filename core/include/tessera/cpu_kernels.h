@@ -27,6 +27,11 @@ struct RopeRowsArgs {
 // dst[i] = fp32_to_fp16(src[i]) for i < n (round to nearest even, NaN -> canonical quiet
 // NaN): the F16C instruction where the CPU has it, bit-identical to the scalar conversion.
 void fp32_to_fp16_row(const float* src, uint16_t* dst, int64_t n);
+// Sum over i < n of exp(x[i] - shift), with ggml's exp (within 1.5 ulp of expf), summed in
+// double: a softmax normalizer, e.g. over a whole vocabulary of logits. Both builds give the
+// same bits.
+double sum_exp_shifted(const float* x, int64_t n, float shift);
+double sum_exp_shifted_scalar(const float* x, int64_t n, float shift);
 void rope_rows(const RopeRowsArgs& a, int64_t begin, int64_t end);
 void rope_rows_scalar(const RopeRowsArgs& a, int64_t begin, int64_t end);
 

@@ -14,6 +14,7 @@ namespace kernels {
 void silu_mul_avx2(float* gate, const float* up, int64_t begin, int64_t end);
 void rope_rows_avx2(const RopeRowsArgs& a, int64_t begin, int64_t end);
 void fp32_to_fp16_row_f16c(const float* src, uint16_t* dst, int64_t n);
+double sum_exp_shifted_avx2(const float* x, int64_t n, float shift);
 }  // namespace kernels
 
 void silu_mul_range_scalar(float* gate, const float* up, int64_t begin, int64_t end) {
@@ -36,6 +37,17 @@ void rope_rows(const RopeRowsArgs& a, int64_t begin, int64_t end) {
   if (cpu_has_avx2()) return kernels::rope_rows_avx2(a, begin, end);
 #endif
   rope_rows_scalar(a, begin, end);
+}
+
+double sum_exp_shifted_scalar(const float* x, int64_t n, float shift) {
+  return kernels::sum_exp_shifted_impl(x, n, shift);
+}
+
+double sum_exp_shifted(const float* x, int64_t n, float shift) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpu_has_avx2()) return kernels::sum_exp_shifted_avx2(x, n, shift);
+#endif
+  return sum_exp_shifted_scalar(x, n, shift);
 }
 
 void fp32_to_fp16_row(const float* src, uint16_t* dst, int64_t n) {

@@ -22,6 +22,10 @@ void rope_rows_avx2(const RopeRowsArgs& a, int64_t begin, int64_t end) {
   rope_rows_impl(a, begin, end);
 }
 
+double sum_exp_shifted_avx2(const float* x, int64_t n, float shift) {
+  return sum_exp_shifted_impl(x, n, shift);
+}
+
 // vcvtps2ph with round-to-nearest-even gives fp32_to_fp16's bits for every non-NaN float
 // (overflow to inf, subnormal halves, ties to even); a NaN keeps part of its payload there,
 // where fp32_to_fp16 returns the canonical quiet NaN, so groups holding a NaN go the scalar way.

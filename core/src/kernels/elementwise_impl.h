@@ -28,6 +28,30 @@ inline void silu_mul_impl(float* gate, const float* up, int64_t begin, int64_t e
   }
 }
 
+inline double sum_exp_shifted_impl(const float* x, int64_t n, float shift) {
+  // Eight partial sums, lane l taking elements i with i % 8 == l, combined in a fixed tree:
+  // the AVX2 build keeps them in two 4-wide double vectors, the portable one in an array.
+  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  const __m256 s = _mm256_set1_ps(shift);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = simd::ggml_v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  _mm256_storeu_pd(lanes, lo);
+  _mm256_storeu_pd(lanes + 4, hi);
+#else
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(simd::ggml_expf_inline(x[i + l] - shift));
+#endif
+  double sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  for (; i < n; ++i) sum += static_cast<double>(simd::ggml_expf_inline(x[i] - shift));
+  return sum;
+}
+
 inline void rope_rows_impl(const RopeRowsArgs& p, int64_t begin, int64_t end) {
   const int32_t head_dim = p.head_dim;
   const int32_t rot = p.rotary_dim;
