@@ -1,5 +1,8 @@
 // attention.flash's online-softmax helpers (plugins/attention/flash/flash_kernel_impl.h):
-// its own exp against libm, and the portable build against the AVX2 build bit for bit.
+// its own exp against libm, the portable build against the AVX2 build bit for bit, and the
+// grouped-query tile step (K/V read once for a group of heads) against per-head steps bit for
+// bit. The kernel-level conformance tests only see d = 64 and whole outputs; these reach the
+// odd head sizes and tails directly.
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -19,6 +22,8 @@ bool built_for_avx2();
 float exp_one(float x);
 double exp_row(const float* in, float* out, int32_t n, float max);
 float max_row(const float* in, int32_t n);
+bool grouped_matches_per_head(int32_t group, int32_t d, int32_t cols, int32_t tiles, bool f16,
+                              uint32_t seed);
 }  // namespace flash_check_avx2
 
 namespace {
@@ -82,6 +87,23 @@ TEST_CASE("attention.flash exp, max and sum: the AVX2 build gives the portable b
       for (int32_t c = 0; c < n; ++c)
         CHECK(std::bit_cast<uint32_t>(a[c]) ==
               std::bit_cast<uint32_t>(flash_check_portable::exp_one(in[c] - max_a)));
+    }
+  }
+}
+
+TEST_CASE("attention.flash: the grouped tile step (K/V read once per GQA group) gives per-head bits") {
+  uint32_t seed = 1;
+  for (int32_t group : {1, 2, 3, 4, 5, 7}) {
+    for (int32_t d : {64, 72, 128, 20, 8}) {  // 72: an 8-wide tail; 20: not a multiple of 8
+      for (bool f16 : {false, true}) {
+        CAPTURE(group);
+        CAPTURE(d);
+        CAPTURE(f16);
+        CHECK(flash_check_portable::grouped_matches_per_head(group, d, 19, 3, f16, seed));
+        if (tessera::cpu_has_avx2())
+          CHECK(flash_check_avx2::grouped_matches_per_head(group, d, 19, 3, f16, seed));
+        ++seed;
+      }
     }
   }
 }

@@ -238,6 +238,21 @@ inline void scores(const float* q, KRow k_row, int32_t cols, int32_t n, float sc
   for (; c < cols; ++c) out[c] = dot(q, k_row(c), n) * scale;
 }
 
+// rescale_accumulate for elements [k0, d) only, element by element: what the vector loops
+// leave over (all of o in the portable build).
+template <class VRow>
+inline void rescale_accumulate_tail(float* o, float alpha, const float* p, VRow v_row,
+                                    int32_t cols, int32_t k0, int32_t d) {
+  if (k0 == d) return;
+  if (alpha != 1.0f)
+    for (int32_t k = k0; k < d; ++k) o[k] *= alpha;
+  for (int32_t c = 0; c < cols; ++c) {
+    const float pc = p[c];
+    const auto* vc = v_row(c);
+    for (int32_t k = k0; k < d; ++k) o[k] += pc * widen(vc[k]);
+  }
+}
+
 // o[0..d) = alpha * o + sum over c < cols of p[c] * v_row(c)[0..d). The AVX2 build keeps a
 // 32-float slice of o in registers across all columns. VRow maps a column to its V row
 // (float or f16 elements).
@@ -278,14 +293,7 @@ inline void rescale_accumulate(float* o, float alpha, const float* p, VRow v_row
     _mm256_storeu_ps(o + k0 + 24, o3);
   }
 #endif
-  if (k0 == d) return;
-  if (alpha != 1.0f)
-    for (int32_t k = k0; k < d; ++k) o[k] *= alpha;
-  for (int32_t c = 0; c < cols; ++c) {
-    const float pc = p[c];
-    const auto* vc = v_row(c);
-    for (int32_t k = k0; k < d; ++k) o[k] += pc * widen(vc[k]);
-  }
+  rescale_accumulate_tail(o, alpha, p, v_row, cols, k0, d);
 }
 
 // Widens n halves to floats (exact in both builds).
@@ -363,13 +371,158 @@ inline float softmax_row(float* srow, int32_t cols, float* m, double* l) {
 // One step of the online softmax for one query row over one K/V tile of `cols` positions:
 // scores against k_at(c), the running max m and sum l rescaled, P * V from v_at(c) into o.
 // Every path of this kernel (tiled prompt rows, decode rows read in place, whole-sequence
-// decode tasks) goes through here, so a row gets the same bits whichever path computes it.
+// decode tasks) goes through here or through softmax_tile_step_heads, which performs this
+// function's operations for each of its rows, so a row gets the same bits whichever path
+// computes it.
 template <class KAt, class VAt>
 inline void softmax_tile_step(const float* q, KAt k_at, VAt v_at, int32_t cols, int32_t d,
                               float scale, float* srow, float* o, float* m, double* l) {
   scores(q, k_at, cols, d, scale, srow);
   const float alpha = softmax_row(srow, cols, m, l);
   rescale_accumulate(o, alpha, srow, v_at, cols, d);
+}
+
+// scores() for H query heads sharing K (GQA): out[h * cols + c] = dot(q + h * n, k_at(c), n)
+// * scale. Each K row is loaded (and, from an f16 cache, widened) once for all H heads
+// instead of once per head. The per-score operations are scores()'s exactly: accumulator a
+// over elements k..k+7 and b over k+8..k+15 of every 16, an 8-element tail into a, then lo +
+// hi of (a + b), a 4x4 transpose of four keys' partial sums and (t0 + t2) + (t1 + t3), times
+// scale. Two keys x H heads x (a, b) is 12 accumulators for H = 3, plus one widened K vector:
+// 13 of the 16 ymm registers; q comes from L1 as the FMAs' memory operand.
+template <int H, class KAt>
+inline void scores_heads(const float* q, KAt k_at, int32_t cols, int32_t n, float scale,
+                         float* out) {
+  int32_t c = 0;
+#if TESSERA_FLASH_AVX2
+  if (n % 8 == 0) {
+    const auto fold = [](__m256 x, __m256 y) {  // hsum's first step: lo + hi of (x + y)
+      const __m256 v = _mm256_add_ps(x, y);
+      return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    };
+    for (; c + 4 <= cols; c += 4) {
+      __m128 t[H][4];  // [head][key]: folded partial sums
+      for (int32_t pair = 0; pair < 4; pair += 2) {
+        const auto* k0 = k_at(c + pair);
+        const auto* k1 = k_at(c + pair + 1);
+        __m256 a0[H], b0[H], a1[H], b1[H];
+#pragma GCC unroll 4
+        for (int h = 0; h < H; ++h) a0[h] = b0[h] = a1[h] = b1[h] = _mm256_setzero_ps();
+        int32_t k = 0;
+        for (; k + 16 <= n; k += 16) {
+          __m256 kv = load8(k0 + k);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k), kv, a0[h]);
+          kv = load8(k0 + k + 8);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) b0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k + 8), kv, b0[h]);
+          kv = load8(k1 + k);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) a1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k), kv, a1[h]);
+          kv = load8(k1 + k + 8);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) b1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k + 8), kv, b1[h]);
+        }
+        for (; k + 8 <= n; k += 8) {
+          const __m256 kv0 = load8(k0 + k), kv1 = load8(k1 + k);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) {
+            const __m256 qa = _mm256_loadu_ps(q + h * n + k);
+            a0[h] = _mm256_fmadd_ps(qa, kv0, a0[h]);
+            a1[h] = _mm256_fmadd_ps(qa, kv1, a1[h]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < H; ++h) {
+          t[h][pair] = fold(a0[h], b0[h]);
+          t[h][pair + 1] = fold(a1[h], b1[h]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) {
+        __m128 t0 = t[h][0], t1 = t[h][1], t2 = t[h][2], t3 = t[h][3];
+        _MM_TRANSPOSE4_PS(t0, t1, t2, t3);  // t_j now holds lane j of the four keys
+        const __m128 sum = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
+        _mm_storeu_ps(out + h * cols + c, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+      }
+    }
+    for (; c < cols; ++c)
+      for (int h = 0; h < H; ++h) out[h * cols + c] = dot(q + h * n, k_at(c), n) * scale;
+    return;
+  }
+#endif
+  (void)c;
+  for (int h = 0; h < H; ++h) scores(q + h * n, k_at, cols, n, scale, out + h * cols);
+}
+
+// rescale_accumulate() for H heads sharing V: o + h * d = alpha[h] * o + sum over c of
+// p[h * cols + c] * v_at(c), each V vector loaded (and widened) once for all H heads. Per
+// output element the operations are rescale_accumulate()'s: alpha * o, then one FMA per
+// column in column order (its 64-wide and 32-wide loops differ only in how many elements
+// they keep in flight), and the same element-wise tail. A 32-float slice of H = 3 heads is
+// 12 accumulators, plus 3 broadcast probabilities and one V vector: 16 ymm registers.
+template <int H, class VAt>
+inline void rescale_accumulate_heads(float* o, const float* alpha, const float* p, VAt v_at,
+                                     int32_t cols, int32_t d) {
+  int32_t k0 = 0;
+#if TESSERA_FLASH_AVX2
+  for (; k0 + 32 <= d; k0 += 32) {
+    __m256 acc[H][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) {
+      const __m256 a = _mm256_set1_ps(alpha[h]);
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_mul_ps(a, _mm256_loadu_ps(o + h * d + k0 + 8 * j));
+    }
+    for (int32_t c = 0; c < cols; ++c) {
+      const auto* vc = v_at(c) + k0;
+      __m256 pc[H];
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) pc[h] = _mm256_set1_ps(p[h * cols + c]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m256 v = load8(vc + 8 * j);
+#pragma GCC unroll 4
+        for (int h = 0; h < H; ++h) acc[h][j] = _mm256_fmadd_ps(pc[h], v, acc[h][j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + h * d + k0 + 8 * j, acc[h][j]);
+  }
+#endif
+  for (int h = 0; h < H; ++h)
+    rescale_accumulate_tail(o + h * d, alpha[h], p + h * cols, v_at, cols, k0, d);
+}
+
+// softmax_tile_step for H query heads that share K/V (rows q + h * d, o + h * d, m[h], l[h]):
+// every row gets softmax_tile_step's operations, but each K/V row is read once for all H.
+// srow holds H * cols floats.
+template <int H, class KAt, class VAt>
+inline void softmax_tile_step_heads(const float* q, KAt k_at, VAt v_at, int32_t cols, int32_t d,
+                                    float scale, float* srow, float* o, float* m, double* l) {
+  scores_heads<H>(q, k_at, cols, d, scale, srow);
+  float alpha[H];
+  for (int h = 0; h < H; ++h) alpha[h] = softmax_row(srow + h * cols, cols, m + h, l + h);
+  rescale_accumulate_heads<H>(o, alpha, srow, v_at, cols, d);
+}
+
+// One tile step for `count` consecutive query heads of one KV head: three at a time (the
+// 16-register budget above), then a pair, then a single head through softmax_tile_step
+// (whose four-keys-at-a-time scores keep 8 FMA chains busy with one head). How heads are
+// chunked changes no bits: each row's operations are softmax_tile_step's either way.
+template <class KAt, class VAt>
+inline void tile_step_group(const float* q, KAt k_at, VAt v_at, int32_t cols, int32_t d,
+                            float scale, float* srow, float* o, float* m, double* l,
+                            int32_t count) {
+  int32_t g = 0;
+  for (; g + 3 <= count; g += 3)
+    softmax_tile_step_heads<3>(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
+                               o + static_cast<size_t>(g) * d, m + g, l + g);
+  if (count - g == 2)
+    softmax_tile_step_heads<2>(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
+                               o + static_cast<size_t>(g) * d, m + g, l + g);
+  else if (count - g == 1)
+    softmax_tile_step(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
+                      o + static_cast<size_t>(g) * d, m + g, l + g);
 }
 
 // The online softmax of one query position for query heads [hb, he) (row g: q + g * d,
@@ -394,10 +547,10 @@ inline void attend_heads(const float* q, float* o, float* m, double* l, float* s
       for (int32_t c = cols; c < cols + kPrefetchRows && j0 + c < kv_end; ++c)
         prefetch_row(k_row(j0 + c), d);
     }
-    for (int32_t g = hb; g < he; ++g)
-      softmax_tile_step(q + static_cast<size_t>(g) * d, [&](int32_t c) { return k_row(j0 + c); },
-                        [&](int32_t c) { return v_row(j0 + c); }, cols, d, scale, srow,
-                        o + static_cast<size_t>(g) * d, m + g, l + g);
+    // All heads of the range against this tile at once: one K/V read serves them all.
+    tile_step_group(q + static_cast<size_t>(hb) * d, [&](int32_t c) { return k_row(j0 + c); },
+                    [&](int32_t c) { return v_row(j0 + c); }, cols, d, scale, srow,
+                    o + static_cast<size_t>(hb) * d, m + hb, l + hb, he - hb);
   }
 }
 
@@ -511,13 +664,12 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
         // Causal mask: the visible part of this tile is a prefix of it.
         const int32_t cols = std::min(j1, first_visible_end + task.q_begin + i) - j0;
         if (cols <= 0) continue;
-        for (int32_t g = hb; g < he; ++g) {
-          const int32_t r = i * group + g;
-          softmax_tile_step(
-              q_tile + static_cast<size_t>(r) * d,
-              [&](int32_t c) -> const float* { return k_tile + static_cast<size_t>(c) * d; },
-              v_row, cols, d, s.scale, srow, o_tile + static_cast<size_t>(r) * d, m + r, l + r);
-        }
+        const int32_t r = i * group + hb;  // rows r .. r + (he - hb) are this query's heads
+        tile_step_group(
+            q_tile + static_cast<size_t>(r) * d,
+            [&](int32_t c) -> const float* { return k_tile + static_cast<size_t>(c) * d; },
+            v_row, cols, d, s.scale, srow, o_tile + static_cast<size_t>(r) * d, m + r, l + r,
+            he - hb);
       }
     }
   }
