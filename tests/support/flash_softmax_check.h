@@ -38,6 +38,11 @@ double exp_row(const float* in, float* out, int32_t n, float max) {
 
 float max_row(const float* in, int32_t n) { return tessera::flash::row_max(in, n); }
 
+// flash's rounding of Q to f16 precision (an f16 cache).
+void round_to_half(const float* in, float* out, int32_t n) {
+  tessera::flash::round_queries(in, out, n, true);
+}
+
 // Runs `tiles` online-softmax tile steps of `group` query heads sharing one K/V head (random
 // q, K, V; f16 or f32 K/V elements) twice: all heads together through tile_step_group (K/V
 // read once per group) and each head alone through softmax_tile_step. True when the outputs,

@@ -22,6 +22,7 @@ bool built_for_avx2();
 float exp_one(float x);
 double exp_row(const float* in, float* out, int32_t n, float max);
 float max_row(const float* in, int32_t n);
+void round_to_half(const float* in, float* out, int32_t n);
 bool grouped_matches_per_head(int32_t group, int32_t d, int32_t cols, int32_t tiles, bool f16,
                               uint32_t seed);
 }  // namespace flash_check_avx2
@@ -106,4 +107,30 @@ TEST_CASE("attention.flash: the grouped tile step (K/V read once per GQA group) 
       }
     }
   }
+}
+
+TEST_CASE("attention.flash: Q rounded to f16 by F16C gives the library conversion's bits") {
+  if (!tessera::cpu_has_avx2()) {
+    MESSAGE("CPU lacks AVX2/FMA/F16C: only the portable build exists here");
+    return;
+  }
+  // Every 1021st non-NaN float of either sign: normal and subnormal halves, ties, overflow to
+  // inf, underflow to zero. Run through both builds in blocks (the AVX2 build's vector lanes).
+  std::vector<float> in, a, b;
+  for (uint64_t bits = 0; bits < 0x7F800001u; bits += 1021) {
+    const float x = std::bit_cast<float>(static_cast<uint32_t>(bits));
+    in.push_back(x);
+    in.push_back(-x);
+  }
+  in.push_back(std::numeric_limits<float>::infinity());
+  in.push_back(65520.0f);  // rounds up to inf
+  in.push_back(65519.996f);
+  a.resize(in.size());
+  b.resize(in.size());
+  flash_check_avx2::round_to_half(in.data(), a.data(), static_cast<int32_t>(in.size()));
+  flash_check_portable::round_to_half(in.data(), b.data(), static_cast<int32_t>(in.size()));
+  size_t mismatches = 0;
+  for (size_t i = 0; i < in.size(); ++i)
+    mismatches += std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i]);
+  CHECK(mismatches == 0);
 }
