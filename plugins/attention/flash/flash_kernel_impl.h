@@ -351,17 +351,23 @@ inline void load_tile(const AttentionShape& s, const void* pool, const Attention
   }
 }
 
-// The pool row of K/V head `kv_head` at position `pos` of a sequence (elements of type T).
-template <class T>
-inline const T* pool_row(const AttentionShape& s, const void* pool, const AttentionSequence& seq,
-                         int32_t pos, int32_t kv_head) {
+// slots[i] = where position begin + i's row starts in a K or V pool (elements, KV head 0;
+// KV head h is h * head_dim further), for positions [begin, end). The block table is walked
+// a block at a time: the decode loops used to find each row with a division and a table
+// lookup per read (perf showed the idivs), and read every row several times.
+inline void tile_slots(const AttentionShape& s, const AttentionSequence& seq, int32_t begin,
+                       int32_t end, int64_t* slots) {
   const int64_t row_stride = static_cast<int64_t>(s.num_kv_heads) * s.head_dim;
-  const int64_t slot = static_cast<int64_t>(seq.block_table[pos / s.block_size]) * s.block_size +
-                       pos % s.block_size;
-  return static_cast<const T*>(pool) + slot * row_stride + static_cast<int64_t>(kv_head) * s.head_dim;
+  for (int32_t pos = begin; pos < end;) {
+    const int32_t in_block = pos % s.block_size;
+    const int32_t run = std::min(end - pos, s.block_size - in_block);  // rows left in block
+    const int64_t first =
+        (static_cast<int64_t>(seq.block_table[pos / s.block_size]) * s.block_size + in_block) *
+        row_stride;
+    for (int32_t r = 0; r < run; ++r) *slots++ = first + r * row_stride;
+    pos += run;
+  }
 }
-
-constexpr int32_t kPrefetchRows = 8;
 
 template <class T>
 inline void prefetch_row(const T* row, int32_t d) {
@@ -546,30 +552,34 @@ inline void tile_step_group(const float* q, KAt k_at, VAt v_at, int32_t cols, in
 }
 
 // The online softmax of one query position for query heads [hb, he) (row g: q + g * d,
-// o + g * d, m[g], l[g]) over the visible positions [0, kv_end), reading K and V through
-// k_row(pos) / v_row(pos). Tiles outermost, so a tile's K/V rows serve every head while they
-// are in L1. Each head's operations are those of the tiled loop in run_task_impl, in the same
-// order, so the two agree bit for bit.
-template <class KRow, class VRow>
-inline void attend_heads(const float* q, float* o, float* m, double* l, float* srow,
-                         float scale, int32_t d, int32_t hb, int32_t he, int32_t kv_tile,
-                         int32_t kv_end, KRow k_row, VRow v_row, bool prefetch = true) {
+// o + g * d, m[g], l[g]) over the visible positions [0, kv_end), reading K and V rows of KV
+// head `kv_head` where they lie in the pools (elements of type T). Tiles outermost, so a
+// tile's K/V rows serve every head while they are in L1. Each head's operations are those of
+// the tiled loop in run_task_impl, in the same order, so the two agree bit for bit. slots
+// has room for kv_tile + kPrefetchRows entries.
+template <class T>
+inline void attend_heads(const AttentionShape& s, const AttentionBatch& batch,
+                         const AttentionSequence& seq, int32_t kv_head, const float* q, float* o,
+                         float* m, double* l, float* srow, int64_t* slots, int32_t hb,
+                         int32_t he, int32_t kv_tile, int32_t kv_end) {
+  const int32_t d = s.head_dim;
+  const T* k_pool = static_cast<const T*>(batch.k_pool) + static_cast<int64_t>(kv_head) * d;
+  const T* v_pool = static_cast<const T*>(batch.v_pool) + static_cast<int64_t>(kv_head) * d;
   for (int32_t j0 = 0; j0 < kv_end; j0 += kv_tile) {
     const int32_t cols = std::min(j0 + kv_tile, kv_end) - j0;
+    const int32_t ahead = std::min(j0 + cols + kPrefetchRows, kv_end) - j0;
+    tile_slots(s, seq, j0, j0 + ahead, slots);
     // Decode reads each K/V row once per token, and the weights streamed since the last
     // token have usually pushed them out of cache: ask for this tile's K and V rows (V is used
     // right after the scores) and the next tile's K before the dots run.
-    if (prefetch) {
-      for (int32_t c = 0; c < cols; ++c) {
-        prefetch_row(k_row(j0 + c), d);
-        prefetch_row(v_row(j0 + c), d);
-      }
-      for (int32_t c = cols; c < cols + kPrefetchRows && j0 + c < kv_end; ++c)
-        prefetch_row(k_row(j0 + c), d);
+    for (int32_t c = 0; c < cols; ++c) {
+      prefetch_row(k_pool + slots[c], d);
+      prefetch_row(v_pool + slots[c], d);
     }
+    for (int32_t c = cols; c < ahead; ++c) prefetch_row(k_pool + slots[c], d);
     // All heads of the range against this tile at once: one K/V read serves them all.
-    tile_step_group(q + static_cast<size_t>(hb) * d, [&](int32_t c) { return k_row(j0 + c); },
-                    [&](int32_t c) { return v_row(j0 + c); }, cols, d, scale, srow,
+    tile_step_group(q + static_cast<size_t>(hb) * d, [&](int32_t c) { return k_pool + slots[c]; },
+                    [&](int32_t c) { return v_pool + slots[c]; }, cols, d, s.scale, srow,
                     o + static_cast<size_t>(hb) * d, m + hb, l + hb, he - hb);
   }
 }
@@ -592,6 +602,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   float* srow = scratch + lay.s;
   float* k_tile = scratch + lay.k;
   float* v_tile = scratch + lay.v;
+  int64_t* slots = reinterpret_cast<int64_t*>(scratch + lay.slots);
 
   // Like the naive kernel (and llama.cpp): with an f16 cache Q is rounded to f16 before it
   // meets K. The probabilities stay f32 here since they are only final at the end.
@@ -614,19 +625,21 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
       const int32_t kv_heads = task.kv_head_end - task.kv_head;
       for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
         const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
-        for (int32_t pos = j0; pos < j1; ++pos) {
-          prefetch_row(pool_row<T>(s, batch.k_pool, seq, pos, task.kv_head), kv_heads * d);
-          prefetch_row(pool_row<T>(s, batch.v_pool, seq, pos, task.kv_head), kv_heads * d);
+        tile_slots(s, seq, j0, j1, slots);
+        const T* k_pool = static_cast<const T*>(batch.k_pool);
+        const T* v_pool = static_cast<const T*>(batch.v_pool);
+        for (int32_t c = 0; c < j1 - j0; ++c) {
+          prefetch_row(k_pool + slots[c] + static_cast<int64_t>(task.kv_head) * d, kv_heads * d);
+          prefetch_row(v_pool + slots[c] + static_cast<int64_t>(task.kv_head) * d, kv_heads * d);
         }
         for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
-          const auto k_row = [&](int32_t pos) { return pool_row<T>(s, batch.k_pool, seq, pos, kv); };
-          const auto v_row = [&](int32_t pos) { return pool_row<T>(s, batch.v_pool, seq, pos, kv); };
+          const T* k_head = k_pool + static_cast<int64_t>(kv) * d;
+          const T* v_head = v_pool + static_cast<int64_t>(kv) * d;
           const size_t base = static_cast<size_t>(kv) * group;
           // One tile [j0, j1) of attend_heads for this KV head's query heads: same operations.
-          attend_heads(q_tile + base * d, o_tile + base * d, m + base, l + base, srow, s.scale, d,
-                       0, group, j1 - j0, j1 - j0,
-                       [&](int32_t c) { return k_row(j0 + c); },
-                       [&](int32_t c) { return v_row(j0 + c); }, /*prefetch=*/false);
+          tile_step_group(q_tile + base * d, [&](int32_t c) { return k_head + slots[c]; },
+                          [&](int32_t c) { return v_head + slots[c]; }, j1 - j0, d, s.scale,
+                          srow, o_tile + base * d, m + base, l + base, group);
         }
       }
       for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
@@ -661,10 +674,8 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
     // where they lie in the pool, f16 rows widened in registers.
     const auto run = [&](auto element) {
       using T = decltype(element);
-      const auto k_row = [&](int32_t pos) { return pool_row<T>(s, batch.k_pool, seq, pos, task.kv_head); };
-      const auto v_row = [&](int32_t pos) { return pool_row<T>(s, batch.v_pool, seq, pos, task.kv_head); };
-      attend_heads(q_tile, o_tile, m, l, srow, s.scale, d, hb, he, lay.kv_tile, kv_end, k_row,
-                   v_row);
+      attend_heads<T>(s, batch, seq, task.kv_head, q_tile, o_tile, m, l, srow, slots, hb, he,
+                      lay.kv_tile, kv_end);
     };
     if (half) {
       run(uint16_t{});
