@@ -2,7 +2,12 @@
 // 2048 tokens of context, for a whole 2048-token prefill and for one decode query, on a
 // SmolLM2-135M-shaped layer (9 query heads, 3 KV heads, head_dim 64, f16 paged cache).
 //
-//   bench_attention [--threads N] [--context N] [--repeat N] [--plugin-dir DIR]
+//   bench_attention [--threads N] [--context N] [--repeat N] [--batch N] [--plugin NAME]
+//                   [--decode-only] [--plugin-dir DIR]
+//
+// --batch N times the decode case as N sequences of `context` tokens each with one query (a
+// serving step of N concurrent clients); the prefill case stays one sequence. --plugin NAME
+// times only that plugin (no naive oracle, so no max |diff|); --decode-only skips prefill.
 //
 // Plugins are loaded from the build's plugin folder (or --plugin-dir / TESSERA_PLUGIN_DIR).
 #include <algorithm>
@@ -35,6 +40,9 @@ struct Options {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int context = 2048;
   int repeat = 3;
+  int batch = 1;
+  bool decode_only = false;
+  std::string only;
   std::string plugin_dir;
 };
 
@@ -53,9 +61,14 @@ Options parse_args(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--threads")) o.threads = std::atoi(value("--threads"));
     else if (!std::strcmp(argv[i], "--context")) o.context = std::atoi(value("--context"));
     else if (!std::strcmp(argv[i], "--repeat")) o.repeat = std::atoi(value("--repeat"));
+    else if (!std::strcmp(argv[i], "--batch")) o.batch = std::atoi(value("--batch"));
+    else if (!std::strcmp(argv[i], "--plugin")) o.only = value("--plugin");
+    else if (!std::strcmp(argv[i], "--decode-only")) o.decode_only = true;
     else if (!std::strcmp(argv[i], "--plugin-dir")) o.plugin_dir = value("--plugin-dir");
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--context N] [--repeat N] [--plugin-dir DIR]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--context N] [--repeat N] [--batch N] "
+                   "[--plugin NAME] [--decode-only] [--plugin-dir DIR]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -63,20 +76,24 @@ Options parse_args(int argc, char** argv) {
   o.threads = std::max(1, o.threads);
   o.context = std::max(1, o.context);
   o.repeat = std::max(1, o.repeat);
+  o.batch = std::max(1, o.batch);
   return o;
 }
 
-// One layer's K/V pool holding a single sequence of `context` tokens in shuffled blocks.
+// One layer's K/V pool holding `batch` sequences of `context` tokens in shuffled blocks;
+// sequence i's block table starts at table[i * blocks_per_seq].
 struct Pool {
   AttentionShape shape;
   std::vector<uint16_t> k, v;
   std::vector<int32_t> table;
+  int blocks_per_seq = 0;
 };
 
-Pool make_pool(int context, std::mt19937& rng) {
+Pool make_pool(int context, int batch, std::mt19937& rng) {
   Pool p;
   p.shape = {9, 3, 64, 0.125f, 16, KvDtype::kF16};
-  const int num_blocks = (context + p.shape.block_size - 1) / p.shape.block_size;
+  p.blocks_per_seq = (context + p.shape.block_size - 1) / p.shape.block_size;
+  const int num_blocks = p.blocks_per_seq * batch;
   p.table.resize(num_blocks);
   std::iota(p.table.begin(), p.table.end(), 0);
   std::shuffle(p.table.begin(), p.table.end(), rng);
@@ -95,16 +112,21 @@ Pool make_pool(int context, std::mt19937& rng) {
 // Median wall time of `repeat` forward calls, in milliseconds, after one warm-up call that
 // also sizes the kernel's scratch. A warm-up slower than a second is the measurement (the
 // naive prefill takes tens of seconds; scratch sizing is noise next to that).
-double time_forward(AttentionKernel& kernel, const Pool& pool, int num_queries, int context,
-                    Executor& executor, int repeat, std::vector<float>* out) {
+// `num_seqs` sequences of `num_queries` queries each (the last ones of `context` tokens).
+double time_forward(AttentionKernel& kernel, const Pool& pool, int num_seqs, int num_queries,
+                    int context, Executor& executor, int repeat, std::vector<float>* out) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(num_queries) * pool.shape.num_heads * pool.shape.head_dim);
+  std::vector<float> q(static_cast<size_t>(num_seqs) * num_queries * pool.shape.num_heads *
+                       pool.shape.head_dim);
   for (float& x : q) x = 3.0f * unit(rng);
   out->assign(q.size(), 0.0f);
-  const AttentionSequence seq{0, num_queries, context, pool.table.data()};
+  std::vector<AttentionSequence> seqs;
+  for (int i = 0; i < num_seqs; ++i)
+    seqs.push_back({i * num_queries, num_queries, context,
+                    pool.table.data() + static_cast<size_t>(i) * pool.blocks_per_seq});
   AttentionBatch batch;
-  batch.sequences = {&seq, 1};
+  batch.sequences = seqs;
   batch.q = q.data();
   batch.k_pool = pool.k.data();
   batch.v_pool = pool.v.data();
@@ -142,14 +164,14 @@ int main(int argc, char** argv) {
   }
 
   std::mt19937 rng(1);
-  const Pool pool = make_pool(opt.context, rng);
+  const Pool pool = make_pool(opt.context, opt.batch, rng);
   ThreadPool executor(opt.threads);
   PluginContext context;
   context.logger = &host_logger();
   std::printf("attention: %d heads, %d KV heads, head_dim %d, f16 cache, block %d; context %d; "
-              "%d threads; median of %d\n",
+              "%d threads; median of %d; decode batch %d\n",
               pool.shape.num_heads, pool.shape.num_kv_heads, pool.shape.head_dim,
-              pool.shape.block_size, opt.context, opt.threads, opt.repeat);
+              pool.shape.block_size, opt.context, opt.threads, opt.repeat, opt.batch);
   std::printf("%-10s %-8s %8s %12s %16s %14s\n", "plugin", "case", "queries", "time ms",
               "scratch B/thread", "max |diff|");
 
@@ -160,18 +182,22 @@ int main(int argc, char** argv) {
                         [](const PluginInfo* p) { return p->name() == "naive"; });
   std::vector<float> reference_prefill, reference_decode;
   for (const PluginInfo* info : ordered) {
+    if (!opt.only.empty() && info->name() != opt.only) continue;
     const PluginConfig config = validate_plugin_params(*info->manifest, "engine.attention", "{}");
     auto kernel = registry.create<AttentionKernel>(info->name(), config, context);
     for (int num_queries : {opt.context, 1}) {
+      if (opt.decode_only && num_queries != 1) continue;
+      const int num_seqs = num_queries == 1 ? opt.batch : 1;
       std::vector<float> out;
-      const double ms = time_forward(*kernel, pool, num_queries, opt.context, executor, opt.repeat, &out);
+      const double ms = time_forward(*kernel, pool, num_seqs, num_queries, opt.context, executor,
+                                     opt.repeat, &out);
       std::vector<float>& ref = num_queries == 1 ? reference_decode : reference_prefill;
       double diff = 0.0;
       if (ref.empty()) ref = out;
       else
         for (size_t i = 0; i < out.size(); ++i) diff = std::max(diff, double(std::abs(out[i] - ref[i])));
       std::printf("%-10s %-8s %8d %12.3f %16zu %14.2e\n", info->name().c_str(),
-                  num_queries == 1 ? "decode" : "prefill", num_queries, ms,
+                  num_queries == 1 ? "decode" : "prefill", num_queries * num_seqs, ms,
                   kernel->scratch_bytes(pool.shape, num_queries, opt.context), diff);
     }
   }

@@ -144,10 +144,12 @@ class FlashAttention final : public AttentionKernel {
     lay.o = lay.q + rows * d;                 // unnormalized outputs
     lay.m = lay.o + rows * d;                 // running maxima
     lay.l = (lay.m + rows + 1) & ~size_t{1};  // running sums, as doubles (8-byte aligned)
-    lay.s = lay.l + 2 * rows;                 // one row of scores / probabilities
-    lay.k = lay.s + lay.kv_tile;              // K tile, widened to float
+    lay.s = lay.l + 2 * rows;                 // scores / probabilities: a tile row per head of a group
+    lay.k = lay.s + static_cast<size_t>(group) * lay.kv_tile;  // K tile, widened to float
     lay.v = lay.k + lay.kv_tile * d;          // V tile
-    lay.num_floats = lay.v + lay.kv_tile * d;
+    // Row offsets of a decode tile and the rows prefetched past it, as int64 (2 floats each).
+    lay.slots = (lay.v + lay.kv_tile * d + 1) & ~size_t{1};
+    lay.num_floats = lay.slots + 2 * static_cast<size_t>(lay.kv_tile + flash::kPrefetchRows);
     return lay;
   }
 

@@ -26,11 +26,15 @@ struct Task {
   int64_t cost = 0;  // rows x visible K/V positions, to start the longest tasks first
 };
 
+// K rows of the next tile a decode prefetches while the current tile is computed.
+inline constexpr int32_t kPrefetchRows = 8;
+
 // Where each buffer sits in a thread's scratch (offsets in floats).
 struct Layout {
   int32_t kv_tile = 0;   // K/V positions per tile, capped by the context
   int32_t max_rows = 0;  // query rows of a task: query positions x heads per KV head
   size_t q = 0, o = 0, m = 0, l = 0, s = 0, k = 0, v = 0;
+  size_t slots = 0;  // a decode tile's pool row offsets (int64, 8-byte aligned)
   size_t num_floats = 0;
   size_t total_bytes() const { return num_floats * sizeof(float); }
 };

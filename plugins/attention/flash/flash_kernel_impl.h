@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -63,6 +64,131 @@ inline float dot(const float* a, const T* b, int32_t n) {
   return sum;
 }
 
+// exp for the online softmax, whose arguments are score - running max <= 0 (or -inf on the
+// first tile). libm's expf, one call per score, was ~4% of a serving profile; this is the
+// textbook scheme vectorized: x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2 (ln2 split
+// in two so n ln2 is subtracted almost exactly), exp(r) by Cephes' degree-5 minimax polynomial
+// for expf (~1 ulp), and 2^n assembled in the exponent bits. exp8 (AVX2) and exp1 (scalar) do
+// the same IEEE operations in the same order — std::fma exactly where the vector code fuses,
+// rounding to an integer by the 1.5 * 2^23 trick (two adds) in both — so a score gets the
+// same bits in a vector lane as in a scalar tail (how many scores a tile leaves to the tail
+// depends on the path: the causal mask shortens a prompt row's last tile), and the portable
+// build gives the AVX2 build's bits. exp(0) is exactly 1, so a row's maximum still
+// contributes exactly 1 to its sum. Results below FLT_MIN are flushed to 0 (std::exp would
+// return a subnormal < 1.2e-38, nothing next to the max term's 1), and x is clamped at 88
+// above (never reached here: exp(88) is still finite).
+constexpr float kExpLo = -87.33654475f;  // ln(FLT_MIN): below it exp is taken as 0
+constexpr float kExpHi = 88.0f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;      // few mantissa bits: n * kLn2Hi is exact
+constexpr float kLn2Lo = -2.12194440e-4f;   // ln2 - kLn2Hi
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: (t + magic) - magic rounds t to an integer
+constexpr float kExpP0 = 1.9875691500e-4f, kExpP1 = 1.3981999507e-3f, kExpP2 = 8.3334519073e-3f,
+                kExpP3 = 4.1665795894e-2f, kExpP4 = 1.6666665459e-1f, kExpP5 = 5.0000001201e-1f;
+
+inline float exp1(float x) {
+  float xc = x > kExpLo ? x : kExpLo;  // _mm256_max_ps(x, lo)'s operand choice, NaN included
+  xc = xc < kExpHi ? xc : kExpHi;      // _mm256_min_ps(xc, hi)'s
+  // Separate statements: a compiler that contracts within an expression (clang's default)
+  // must not fuse this multiply-add, which the vector code rounds twice.
+  const float t = xc * kLog2e;
+  const float n = (t + kRoundMagic) - kRoundMagic;
+  float r = std::fma(n, -kLn2Hi, xc);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kExpP0;
+  p = std::fma(p, r, kExpP1);
+  p = std::fma(p, r, kExpP2);
+  p = std::fma(p, r, kExpP3);
+  p = std::fma(p, r, kExpP4);
+  p = std::fma(p, r, kExpP5);
+  const float y = std::fma(p, r * r, r) + 1.0f;
+  const float scale = std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+  return x < kExpLo ? 0.0f : y * scale;
+}
+
+#if TESSERA_FLASH_AVX2
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(kExpLo);
+  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(kExpHi));
+  const __m256 magic = _mm256_set1_ps(kRoundMagic);
+  const __m256 n =
+      _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(kLog2e)), magic), magic);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), xc);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpP0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP5));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), out);  // x < lo (or -inf): 0
+}
+#endif
+
+// The largest of s[0..n) (-inf when n == 0). Order does not matter for a maximum: the only
+// ties it could break differently are +0 vs -0, which give the same exp(s - max).
+inline float row_max(const float* s, int32_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  int32_t c = 0;
+#if TESSERA_FLASH_AVX2
+  if (n >= 8) {
+    __m256 v = _mm256_loadu_ps(s);
+    for (c = 8; c + 8 <= n; c += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(s + c));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    mx = _mm_cvtss_f32(h);
+  }
+#endif
+  for (; c < n; ++c) mx = std::max(mx, s[c]);
+  return mx;
+}
+
+// s[c] = exp(s[c] - max) for c < n, in place; returns the sum of the new s[c] in double.
+// The sum was a serial chain of double adds (4 cycles each, a quarter of a decode tile's
+// time); now it runs in 8 lanes (two 4-wide double vectors), folded lane j + lane j+4, then
+// (l0 + l2) + (l1 + l3), then the tail in sequence — the same order in both builds, so it is
+// the same on every path.
+inline double exp_sum_row(float* s, int32_t n, float max) {
+  int32_t c = 0;
+  double sum = 0.0;
+#if TESSERA_FLASH_AVX2
+  if (n >= 8) {
+    const __m256 mx = _mm256_set1_ps(max);
+    __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+    for (; c + 8 <= n; c += 8) {
+      const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + c), mx));
+      _mm256_storeu_ps(s + c, p);
+      acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+      acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+    }
+    const __m256d t = _mm256_add_pd(acc0, acc1);
+    const __m128d lo = _mm256_castpd256_pd128(t), hi = _mm256_extractf128_pd(t, 1);
+    const __m128d even_odd = _mm_add_pd(lo, hi);  // (l0 + l2, l1 + l3)
+    sum = _mm_cvtsd_f64(_mm_add_sd(even_odd, _mm_unpackhi_pd(even_odd, even_odd)));
+  }
+#else
+  if (n >= 8) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (; c + 8 <= n; c += 8)
+      for (int32_t j = 0; j < 8; ++j) {
+        s[c + j] = exp1(s[c + j] - max);
+        acc[j] += s[c + j];
+      }
+    sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+  }
+#endif
+  for (; c < n; ++c) {
+    s[c] = exp1(s[c] - max);
+    sum += s[c];
+  }
+  return sum;
+}
+
 // scores[c] = dot(q, k_row(c), n) * scale for c < cols — dot()'s exact operations per key,
 // but four keys at a time in the AVX2 build: eight independent FMA chains instead of two,
 // and the four horizontal sums done as one 4x4 transpose with the same addition tree
@@ -112,6 +238,21 @@ inline void scores(const float* q, KRow k_row, int32_t cols, int32_t n, float sc
   for (; c < cols; ++c) out[c] = dot(q, k_row(c), n) * scale;
 }
 
+// rescale_accumulate for elements [k0, d) only, element by element: what the vector loops
+// leave over (all of o in the portable build).
+template <class VRow>
+inline void rescale_accumulate_tail(float* o, float alpha, const float* p, VRow v_row,
+                                    int32_t cols, int32_t k0, int32_t d) {
+  if (k0 == d) return;
+  if (alpha != 1.0f)
+    for (int32_t k = k0; k < d; ++k) o[k] *= alpha;
+  for (int32_t c = 0; c < cols; ++c) {
+    const float pc = p[c];
+    const auto* vc = v_row(c);
+    for (int32_t k = k0; k < d; ++k) o[k] += pc * widen(vc[k]);
+  }
+}
+
 // o[0..d) = alpha * o + sum over c < cols of p[c] * v_row(c)[0..d). The AVX2 build keeps a
 // 32-float slice of o in registers across all columns. VRow maps a column to its V row
 // (float or f16 elements).
@@ -152,14 +293,7 @@ inline void rescale_accumulate(float* o, float alpha, const float* p, VRow v_row
     _mm256_storeu_ps(o + k0 + 24, o3);
   }
 #endif
-  if (k0 == d) return;
-  if (alpha != 1.0f)
-    for (int32_t k = k0; k < d; ++k) o[k] *= alpha;
-  for (int32_t c = 0; c < cols; ++c) {
-    const float pc = p[c];
-    const auto* vc = v_row(c);
-    for (int32_t k = k0; k < d; ++k) o[k] += pc * widen(vc[k]);
-  }
+  rescale_accumulate_tail(o, alpha, p, v_row, cols, k0, d);
 }
 
 // Widens n halves to floats (exact in both builds).
@@ -171,6 +305,26 @@ inline void widen_f16(const uint16_t* src, float* dst, int32_t n) {
                      _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
 #endif
   for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+}
+
+// dst[i] = src[i] rounded to f16 and widened back (Q at an f16 cache's precision), or copied
+// when !half. The library's fp32_to_fp16 / fp16_to_fp32 are out-of-line calls: done per
+// element they were ~15% of a 16-sequence decode step. F16C's vcvtps2ph with
+// round-to-nearest-even gives fp32_to_fp16's bits for every non-NaN float (subnormal halves
+// and overflow to inf included); a NaN stays a NaN, only its payload may differ. Every path
+// of a build rounds Q through here, so paths still agree bit for bit.
+inline void round_queries(const float* src, float* dst, int32_t n, bool half) {
+  if (!half) {
+    std::copy(src, src + n, dst);
+    return;
+  }
+  int32_t i = 0;
+#if TESSERA_FLASH_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                                               _MM_FROUND_TO_NEAREST_INT)));
+#endif
+  for (; i < n; ++i) dst[i] = fp16_to_fp32(fp32_to_fp16(src[i]));
 }
 
 // Widens positions [begin, end) of KV head `kv_head` into dst[end - begin][head_dim],
@@ -197,17 +351,23 @@ inline void load_tile(const AttentionShape& s, const void* pool, const Attention
   }
 }
 
-// The pool row of K/V head `kv_head` at position `pos` of a sequence (elements of type T).
-template <class T>
-inline const T* pool_row(const AttentionShape& s, const void* pool, const AttentionSequence& seq,
-                         int32_t pos, int32_t kv_head) {
+// slots[i] = where position begin + i's row starts in a K or V pool (elements, KV head 0;
+// KV head h is h * head_dim further), for positions [begin, end). The block table is walked
+// a block at a time: the decode loops used to find each row with a division and a table
+// lookup per read (perf showed the idivs), and read every row several times.
+inline void tile_slots(const AttentionShape& s, const AttentionSequence& seq, int32_t begin,
+                       int32_t end, int64_t* slots) {
   const int64_t row_stride = static_cast<int64_t>(s.num_kv_heads) * s.head_dim;
-  const int64_t slot = static_cast<int64_t>(seq.block_table[pos / s.block_size]) * s.block_size +
-                       pos % s.block_size;
-  return static_cast<const T*>(pool) + slot * row_stride + static_cast<int64_t>(kv_head) * s.head_dim;
+  for (int32_t pos = begin; pos < end;) {
+    const int32_t in_block = pos % s.block_size;
+    const int32_t run = std::min(end - pos, s.block_size - in_block);  // rows left in block
+    const int64_t first =
+        (static_cast<int64_t>(seq.block_table[pos / s.block_size]) * s.block_size + in_block) *
+        row_stride;
+    for (int32_t r = 0; r < run; ++r) *slots++ = first + r * row_stride;
+    pos += run;
+  }
 }
-
-constexpr int32_t kPrefetchRows = 8;
 
 template <class T>
 inline void prefetch_row(const T* row, int32_t d) {
@@ -220,55 +380,207 @@ inline void prefetch_row(const T* row, int32_t d) {
 #endif
 }
 
+// The softmax half of a tile step for one row of `cols` scores: the running max m grows to
+// cover the tile, the scores become probabilities exp(score - max) in place, the running sum
+// l is rescaled and extended. Returns alpha = exp(old max - new max), the factor the row's
+// output must be rescaled by; exp(-inf) = 0 also covers the first tile, where nothing is
+// accumulated yet.
+inline float softmax_row(float* srow, int32_t cols, float* m, double* l) {
+  const float new_max = std::max(*m, row_max(srow, cols));
+  const float alpha = exp1(*m - new_max);
+  const double sum = exp_sum_row(srow, cols, new_max);
+  *l = *l * alpha + sum;
+  *m = new_max;
+  return alpha;
+}
+
 // One step of the online softmax for one query row over one K/V tile of `cols` positions:
 // scores against k_at(c), the running max m and sum l rescaled, P * V from v_at(c) into o.
 // Every path of this kernel (tiled prompt rows, decode rows read in place, whole-sequence
-// decode tasks) goes through here, so a row gets the same bits whichever path computes it.
+// decode tasks) goes through here or through softmax_tile_step_heads, which performs this
+// function's operations for each of its rows, so a row gets the same bits whichever path
+// computes it.
 template <class KAt, class VAt>
 inline void softmax_tile_step(const float* q, KAt k_at, VAt v_at, int32_t cols, int32_t d,
                               float scale, float* srow, float* o, float* m, double* l) {
   scores(q, k_at, cols, d, scale, srow);
-  float tile_max = -std::numeric_limits<float>::infinity();
-  for (int32_t c = 0; c < cols; ++c) tile_max = std::max(tile_max, srow[c]);
-  const float new_max = std::max(*m, tile_max);
-  // exp(-inf) = 0 also covers the first tile, where nothing is accumulated yet.
-  const float alpha = std::exp(*m - new_max);
-  double sum = 0.0;
-  for (int32_t c = 0; c < cols; ++c) {
-    srow[c] = std::exp(srow[c] - new_max);
-    sum += srow[c];
-  }
+  const float alpha = softmax_row(srow, cols, m, l);
   rescale_accumulate(o, alpha, srow, v_at, cols, d);
-  *l = *l * alpha + sum;
-  *m = new_max;
+}
+
+// scores() for H query heads sharing K (GQA): out[h * cols + c] = dot(q + h * n, k_at(c), n)
+// * scale. Each K row is loaded (and, from an f16 cache, widened) once for all H heads
+// instead of once per head. The per-score operations are scores()'s exactly: accumulator a
+// over elements k..k+7 and b over k+8..k+15 of every 16, an 8-element tail into a, then lo +
+// hi of (a + b), a 4x4 transpose of four keys' partial sums and (t0 + t2) + (t1 + t3), times
+// scale. Two keys x H heads x (a, b) is 12 accumulators for H = 3, plus one widened K vector:
+// 13 of the 16 ymm registers; q comes from L1 as the FMAs' memory operand.
+template <int H, class KAt>
+inline void scores_heads(const float* q, KAt k_at, int32_t cols, int32_t n, float scale,
+                         float* out) {
+  int32_t c = 0;
+#if TESSERA_FLASH_AVX2
+  if (n % 8 == 0) {
+    const auto fold = [](__m256 x, __m256 y) {  // hsum's first step: lo + hi of (x + y)
+      const __m256 v = _mm256_add_ps(x, y);
+      return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    };
+    for (; c + 4 <= cols; c += 4) {
+      __m128 t[H][4];  // [head][key]: folded partial sums
+      for (int32_t pair = 0; pair < 4; pair += 2) {
+        const auto* k0 = k_at(c + pair);
+        const auto* k1 = k_at(c + pair + 1);
+        __m256 a0[H], b0[H], a1[H], b1[H];
+#pragma GCC unroll 4
+        for (int h = 0; h < H; ++h) a0[h] = b0[h] = a1[h] = b1[h] = _mm256_setzero_ps();
+        int32_t k = 0;
+        for (; k + 16 <= n; k += 16) {
+          __m256 kv = load8(k0 + k);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k), kv, a0[h]);
+          kv = load8(k0 + k + 8);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) b0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k + 8), kv, b0[h]);
+          kv = load8(k1 + k);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) a1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k), kv, a1[h]);
+          kv = load8(k1 + k + 8);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) b1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k + 8), kv, b1[h]);
+        }
+        for (; k + 8 <= n; k += 8) {
+          const __m256 kv0 = load8(k0 + k), kv1 = load8(k1 + k);
+#pragma GCC unroll 4
+          for (int h = 0; h < H; ++h) {
+            const __m256 qa = _mm256_loadu_ps(q + h * n + k);
+            a0[h] = _mm256_fmadd_ps(qa, kv0, a0[h]);
+            a1[h] = _mm256_fmadd_ps(qa, kv1, a1[h]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < H; ++h) {
+          t[h][pair] = fold(a0[h], b0[h]);
+          t[h][pair + 1] = fold(a1[h], b1[h]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) {
+        __m128 t0 = t[h][0], t1 = t[h][1], t2 = t[h][2], t3 = t[h][3];
+        _MM_TRANSPOSE4_PS(t0, t1, t2, t3);  // t_j now holds lane j of the four keys
+        const __m128 sum = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
+        _mm_storeu_ps(out + h * cols + c, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+      }
+    }
+    for (; c < cols; ++c)
+      for (int h = 0; h < H; ++h) out[h * cols + c] = dot(q + h * n, k_at(c), n) * scale;
+    return;
+  }
+#endif
+  (void)c;
+  for (int h = 0; h < H; ++h) scores(q + h * n, k_at, cols, n, scale, out + h * cols);
+}
+
+// rescale_accumulate() for H heads sharing V: o + h * d = alpha[h] * o + sum over c of
+// p[h * cols + c] * v_at(c), each V vector loaded (and widened) once for all H heads. Per
+// output element the operations are rescale_accumulate()'s: alpha * o, then one FMA per
+// column in column order (its 64-wide and 32-wide loops differ only in how many elements
+// they keep in flight), and the same element-wise tail. A 32-float slice of H = 3 heads is
+// 12 accumulators, plus 3 broadcast probabilities and one V vector: 16 ymm registers.
+template <int H, class VAt>
+inline void rescale_accumulate_heads(float* o, const float* alpha, const float* p, VAt v_at,
+                                     int32_t cols, int32_t d) {
+  int32_t k0 = 0;
+#if TESSERA_FLASH_AVX2
+  for (; k0 + 32 <= d; k0 += 32) {
+    __m256 acc[H][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) {
+      const __m256 a = _mm256_set1_ps(alpha[h]);
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_mul_ps(a, _mm256_loadu_ps(o + h * d + k0 + 8 * j));
+    }
+    for (int32_t c = 0; c < cols; ++c) {
+      const auto* vc = v_at(c) + k0;
+      __m256 pc[H];
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) pc[h] = _mm256_set1_ps(p[h * cols + c]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m256 v = load8(vc + 8 * j);
+#pragma GCC unroll 4
+        for (int h = 0; h < H; ++h) acc[h][j] = _mm256_fmadd_ps(pc[h], v, acc[h][j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + h * d + k0 + 8 * j, acc[h][j]);
+  }
+#endif
+  for (int h = 0; h < H; ++h)
+    rescale_accumulate_tail(o + h * d, alpha[h], p + h * cols, v_at, cols, k0, d);
+}
+
+// softmax_tile_step for H query heads that share K/V (rows q + h * d, o + h * d, m[h], l[h]):
+// every row gets softmax_tile_step's operations, but each K/V row is read once for all H.
+// srow holds H * cols floats.
+template <int H, class KAt, class VAt>
+inline void softmax_tile_step_heads(const float* q, KAt k_at, VAt v_at, int32_t cols, int32_t d,
+                                    float scale, float* srow, float* o, float* m, double* l) {
+  scores_heads<H>(q, k_at, cols, d, scale, srow);
+  float alpha[H];
+  for (int h = 0; h < H; ++h) alpha[h] = softmax_row(srow + h * cols, cols, m + h, l + h);
+  rescale_accumulate_heads<H>(o, alpha, srow, v_at, cols, d);
+}
+
+// One tile step for `count` consecutive query heads of one KV head: three at a time (the
+// 16-register budget above), then a pair, then a single head through softmax_tile_step
+// (whose four-keys-at-a-time scores keep 8 FMA chains busy with one head). How heads are
+// chunked changes no bits: each row's operations are softmax_tile_step's either way.
+template <class KAt, class VAt>
+inline void tile_step_group(const float* q, KAt k_at, VAt v_at, int32_t cols, int32_t d,
+                            float scale, float* srow, float* o, float* m, double* l,
+                            int32_t count) {
+  int32_t g = 0;
+  for (; g + 3 <= count; g += 3)
+    softmax_tile_step_heads<3>(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
+                               o + static_cast<size_t>(g) * d, m + g, l + g);
+  if (count - g == 2)
+    softmax_tile_step_heads<2>(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
+                               o + static_cast<size_t>(g) * d, m + g, l + g);
+  else if (count - g == 1)
+    softmax_tile_step(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
+                      o + static_cast<size_t>(g) * d, m + g, l + g);
 }
 
 // The online softmax of one query position for query heads [hb, he) (row g: q + g * d,
-// o + g * d, m[g], l[g]) over the visible positions [0, kv_end), reading K and V through
-// k_row(pos) / v_row(pos). Tiles outermost, so a tile's K/V rows serve every head while they
-// are in L1. Each head's operations are those of the tiled loop in run_task_impl, in the same
-// order, so the two agree bit for bit.
-template <class KRow, class VRow>
-inline void attend_heads(const float* q, float* o, float* m, double* l, float* srow,
-                         float scale, int32_t d, int32_t hb, int32_t he, int32_t kv_tile,
-                         int32_t kv_end, KRow k_row, VRow v_row, bool prefetch = true) {
+// o + g * d, m[g], l[g]) over the visible positions [0, kv_end), reading K and V rows of KV
+// head `kv_head` where they lie in the pools (elements of type T). Tiles outermost, so a
+// tile's K/V rows serve every head while they are in L1. Each head's operations are those of
+// the tiled loop in run_task_impl, in the same order, so the two agree bit for bit. slots
+// has room for kv_tile + kPrefetchRows entries.
+template <class T>
+inline void attend_heads(const AttentionShape& s, const AttentionBatch& batch,
+                         const AttentionSequence& seq, int32_t kv_head, const float* q, float* o,
+                         float* m, double* l, float* srow, int64_t* slots, int32_t hb,
+                         int32_t he, int32_t kv_tile, int32_t kv_end) {
+  const int32_t d = s.head_dim;
+  const T* k_pool = static_cast<const T*>(batch.k_pool) + static_cast<int64_t>(kv_head) * d;
+  const T* v_pool = static_cast<const T*>(batch.v_pool) + static_cast<int64_t>(kv_head) * d;
   for (int32_t j0 = 0; j0 < kv_end; j0 += kv_tile) {
     const int32_t cols = std::min(j0 + kv_tile, kv_end) - j0;
+    const int32_t ahead = std::min(j0 + cols + kPrefetchRows, kv_end) - j0;
+    tile_slots(s, seq, j0, j0 + ahead, slots);
     // Decode reads each K/V row once per token, and the weights streamed since the last
     // token have usually pushed them out of cache: ask for this tile's K and V rows (V is used
     // right after the scores) and the next tile's K before the dots run.
-    if (prefetch) {
-      for (int32_t c = 0; c < cols; ++c) {
-        prefetch_row(k_row(j0 + c), d);
-        prefetch_row(v_row(j0 + c), d);
-      }
-      for (int32_t c = cols; c < cols + kPrefetchRows && j0 + c < kv_end; ++c)
-        prefetch_row(k_row(j0 + c), d);
+    for (int32_t c = 0; c < cols; ++c) {
+      prefetch_row(k_pool + slots[c], d);
+      prefetch_row(v_pool + slots[c], d);
     }
-    for (int32_t g = hb; g < he; ++g)
-      softmax_tile_step(q + static_cast<size_t>(g) * d, [&](int32_t c) { return k_row(j0 + c); },
-                        [&](int32_t c) { return v_row(j0 + c); }, cols, d, scale, srow,
-                        o + static_cast<size_t>(g) * d, m + g, l + g);
+    for (int32_t c = cols; c < ahead; ++c) prefetch_row(k_pool + slots[c], d);
+    // All heads of the range against this tile at once: one K/V read serves them all.
+    tile_step_group(q + static_cast<size_t>(hb) * d, [&](int32_t c) { return k_pool + slots[c]; },
+                    [&](int32_t c) { return v_pool + slots[c]; }, cols, d, s.scale, srow,
+                    o + static_cast<size_t>(hb) * d, m + hb, l + hb, he - hb);
   }
 }
 
@@ -290,6 +602,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   float* srow = scratch + lay.s;
   float* k_tile = scratch + lay.k;
   float* v_tile = scratch + lay.v;
+  int64_t* slots = reinterpret_cast<int64_t*>(scratch + lay.slots);
 
   // Like the naive kernel (and llama.cpp): with an f16 cache Q is rounded to f16 before it
   // meets K. The probabilities stay f32 here since they are only final at the end.
@@ -303,9 +616,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
       using T = decltype(element);
       for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
         const float* src = batch.q + seq.query_start * q_stride + static_cast<int64_t>(kv) * group * d;
-        float* dst = q_tile + static_cast<size_t>(kv) * group * d;
-        for (int32_t k = 0; k < group * d; ++k)
-          dst[k] = half ? fp16_to_fp32(fp32_to_fp16(src[k])) : src[k];
+        round_queries(src, q_tile + static_cast<size_t>(kv) * group * d, group * d, half);
       }
       const size_t rows_all = static_cast<size_t>(task.kv_head_end) * group;
       std::fill(o_tile, o_tile + rows_all * d, 0.0f);
@@ -314,19 +625,21 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
       const int32_t kv_heads = task.kv_head_end - task.kv_head;
       for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
         const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
-        for (int32_t pos = j0; pos < j1; ++pos) {
-          prefetch_row(pool_row<T>(s, batch.k_pool, seq, pos, task.kv_head), kv_heads * d);
-          prefetch_row(pool_row<T>(s, batch.v_pool, seq, pos, task.kv_head), kv_heads * d);
+        tile_slots(s, seq, j0, j1, slots);
+        const T* k_pool = static_cast<const T*>(batch.k_pool);
+        const T* v_pool = static_cast<const T*>(batch.v_pool);
+        for (int32_t c = 0; c < j1 - j0; ++c) {
+          prefetch_row(k_pool + slots[c] + static_cast<int64_t>(task.kv_head) * d, kv_heads * d);
+          prefetch_row(v_pool + slots[c] + static_cast<int64_t>(task.kv_head) * d, kv_heads * d);
         }
         for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
-          const auto k_row = [&](int32_t pos) { return pool_row<T>(s, batch.k_pool, seq, pos, kv); };
-          const auto v_row = [&](int32_t pos) { return pool_row<T>(s, batch.v_pool, seq, pos, kv); };
+          const T* k_head = k_pool + static_cast<int64_t>(kv) * d;
+          const T* v_head = v_pool + static_cast<int64_t>(kv) * d;
           const size_t base = static_cast<size_t>(kv) * group;
           // One tile [j0, j1) of attend_heads for this KV head's query heads: same operations.
-          attend_heads(q_tile + base * d, o_tile + base * d, m + base, l + base, srow, s.scale, d,
-                       0, group, j1 - j0, j1 - j0,
-                       [&](int32_t c) { return k_row(j0 + c); },
-                       [&](int32_t c) { return v_row(j0 + c); }, /*prefetch=*/false);
+          tile_step_group(q_tile + base * d, [&](int32_t c) { return k_head + slots[c]; },
+                          [&](int32_t c) { return v_head + slots[c]; }, j1 - j0, d, s.scale,
+                          srow, o_tile + base * d, m + base, l + base, group);
         }
       }
       for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
@@ -349,8 +662,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
     const float* src = batch.q + (seq.query_start + task.q_begin + i) * q_stride +
                        static_cast<int64_t>(task.kv_head) * group * d;
     float* dst = q_tile + static_cast<size_t>(i) * group * d;
-    for (int32_t k = hb * d; k < he * d; ++k)
-      dst[k] = half ? fp16_to_fp32(fp32_to_fp16(src[k])) : src[k];
+    round_queries(src + hb * d, dst + hb * d, (he - hb) * d, half);
   }
   std::fill(o_tile, o_tile + static_cast<size_t>(rows) * d, 0.0f);
   std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
@@ -362,10 +674,8 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
     // where they lie in the pool, f16 rows widened in registers.
     const auto run = [&](auto element) {
       using T = decltype(element);
-      const auto k_row = [&](int32_t pos) { return pool_row<T>(s, batch.k_pool, seq, pos, task.kv_head); };
-      const auto v_row = [&](int32_t pos) { return pool_row<T>(s, batch.v_pool, seq, pos, task.kv_head); };
-      attend_heads(q_tile, o_tile, m, l, srow, s.scale, d, hb, he, lay.kv_tile, kv_end, k_row,
-                   v_row);
+      attend_heads<T>(s, batch, seq, task.kv_head, q_tile, o_tile, m, l, srow, slots, hb, he,
+                      lay.kv_tile, kv_end);
     };
     if (half) {
       run(uint16_t{});
@@ -382,13 +692,12 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
         // Causal mask: the visible part of this tile is a prefix of it.
         const int32_t cols = std::min(j1, first_visible_end + task.q_begin + i) - j0;
         if (cols <= 0) continue;
-        for (int32_t g = hb; g < he; ++g) {
-          const int32_t r = i * group + g;
-          softmax_tile_step(
-              q_tile + static_cast<size_t>(r) * d,
-              [&](int32_t c) -> const float* { return k_tile + static_cast<size_t>(c) * d; },
-              v_row, cols, d, s.scale, srow, o_tile + static_cast<size_t>(r) * d, m + r, l + r);
-        }
+        const int32_t r = i * group + hb;  // rows r .. r + (he - hb) are this query's heads
+        tile_step_group(
+            q_tile + static_cast<size_t>(r) * d,
+            [&](int32_t c) -> const float* { return k_tile + static_cast<size_t>(c) * d; },
+            v_row, cols, d, s.scale, srow, o_tile + static_cast<size_t>(r) * d, m + r, l + r,
+            he - hb);
       }
     }
   }
