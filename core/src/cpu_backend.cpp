@@ -7,17 +7,16 @@
 
 #include "tessera/cpu_kernels.h"
 #include "tessera/ggml_types.h"
+#include "tessera/huge_buffer.h"
 
 namespace tessera {
 
 CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
 
 void* CpuBackend::allocate(size_t bytes) {
-  // 64-byte alignment for SIMD loads; zeroed so unused KV slots hold no garbage.
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  if (p) std::memset(p, 0, rounded == 0 ? 64 : rounded);
-  return p;
+  // At least 64-byte alignment for SIMD loads, huge pages for the large KV pools (see
+  // huge_buffer.h); zeroed so unused KV slots hold no garbage.
+  return allocate_huge_zeroed(bytes);
 }
 void CpuBackend::release(void* ptr) { std::free(ptr); }
 void CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tessera/ggml_types.h"
+#include "tessera/huge_buffer.h"
 #include "tessera/interleaved.h"
 #include "tessera/sdk.h"
 
@@ -23,15 +24,17 @@ namespace {
 
 class GgufWeight final : public PreparedWeight {
  public:
+  // data: the mapped file bytes, or bytes of `storage` this weight owns (owned_bytes of them).
   GgufWeight(GgmlType type, int64_t rows, int64_t cols, const uint8_t* data,
-             std::vector<uint8_t> owned, bool interleaved = false)
+             std::shared_ptr<const HugeBuffer> storage = nullptr, size_t owned_bytes = 0,
+             bool interleaved = false)
       : type_(type), rows_(rows), cols_(cols), row_bytes_(ggml_row_size(type, cols)),
-        data_(owned.empty() ? data : owned.data()), owned_(std::move(owned)),
+        data_(data), storage_(std::move(storage)), owned_bytes_(owned_bytes),
         interleaved_(interleaved) {}
   int64_t rows() const override { return rows_; }
   int64_t cols() const override { return cols_; }
   size_t num_bytes() const override {
-    return interleaved_ ? owned_.size() : row_bytes_ * static_cast<size_t>(rows_);
+    return interleaved_ ? owned_bytes_ : row_bytes_ * static_cast<size_t>(rows_);
   }
   const char* format() const override { return interleaved_ ? "q4_1x8" : ggml_type_name(type_); }
 
@@ -49,8 +52,9 @@ class GgufWeight final : public PreparedWeight {
   GgmlType type_;
   int64_t rows_, cols_;
   size_t row_bytes_;
-  const uint8_t* data_;         // the mapped file bytes, or owned_ after a conversion
-  std::vector<uint8_t> owned_;
+  const uint8_t* data_;         // the mapped file bytes, or a converted copy in storage_
+  std::shared_ptr<const HugeBuffer> storage_;  // the arena chunk holding a converted copy
+  size_t owned_bytes_;
   bool interleaved_;            // Q4_1 in the 8-row interleaved layout
 };
 
@@ -86,22 +90,26 @@ class GgufQuantizer final : public Quantizer, public GroupedMatmul {
                               std::to_string(ggml_row_size(type, w.cols) * w.rows));
     if (type == GgmlType::BF16) {
       // No BF16 dot kernel: widen to F32 once at load.
-      std::vector<uint8_t> f32(static_cast<size_t>(w.rows * w.cols) * sizeof(float));
+      const size_t bytes = static_cast<size_t>(w.rows * w.cols) * sizeof(float);
+      std::shared_ptr<const HugeBuffer> storage;
+      uint8_t* f32 = arena_allocate(bytes, &storage);
       const size_t src_row = ggml_row_size(type, w.cols);
       for (int64_t r = 0; r < w.rows; ++r)
         tessera::dequantize_row(type, static_cast<const uint8_t*>(w.data) + r * src_row,
-                       reinterpret_cast<float*>(f32.data()) + r * w.cols, w.cols);
-      *out = std::make_unique<GgufWeight>(GgmlType::F32, w.rows, w.cols, nullptr, std::move(f32));
+                       reinterpret_cast<float*>(f32) + r * w.cols, w.cols);
+      *out = std::make_unique<GgufWeight>(GgmlType::F32, w.rows, w.cols, f32, std::move(storage), bytes);
       return Status::ok();
     }
     if (type == GgmlType::Q4_1 && interleave_q4_1_) {
-      std::vector<uint8_t> packed(interleaved_q4_1_size(w.rows, w.cols));
-      interleave_q4_1(w.data, w.rows, w.cols, packed.data());
-      *out = std::make_unique<GgufWeight>(type, w.rows, w.cols, nullptr, std::move(packed), true);
+      const size_t bytes = interleaved_q4_1_size(w.rows, w.cols);
+      std::shared_ptr<const HugeBuffer> storage;
+      uint8_t* packed = arena_allocate(bytes, &storage);
+      interleave_q4_1(w.data, w.rows, w.cols, packed);
+      *out = std::make_unique<GgufWeight>(type, w.rows, w.cols, packed, std::move(storage), bytes,
+                                          true);
       return Status::ok();
     }
-    *out = std::make_unique<GgufWeight>(type, w.rows, w.cols,
-                                        static_cast<const uint8_t*>(w.data), std::vector<uint8_t>{});
+    *out = std::make_unique<GgufWeight>(type, w.rows, w.cols, static_cast<const uint8_t*>(w.data));
     return Status::ok();
   }
 
@@ -221,6 +229,26 @@ class GgufQuantizer final : public Quantizer, public GroupedMatmul {
   std::vector<uint8_t> activations_[kBuffers];  // quantized inputs, grown on demand
   std::vector<Part> parts_;                     // per-call scratch, capacity kept
   bool interleave_q4_1_;
+
+  // Converted weights are carved out of 16 MiB chunks on huge pages (a matrix of this model
+  // is at most ~0.5 MiB, too small to get a huge page of its own): decode streams all of them
+  // every step, and with 4 KiB pages each page costs a TLB miss. A chunk lives as long as
+  // any weight in it.
+  static constexpr size_t kArenaChunkBytes = size_t{16} << 20;
+  std::shared_ptr<HugeBuffer> arena_;
+  size_t arena_used_ = 0;
+
+  uint8_t* arena_allocate(size_t bytes, std::shared_ptr<const HugeBuffer>* storage) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    if (!arena_ || arena_used_ + rounded > arena_->size()) {
+      arena_ = std::make_shared<HugeBuffer>(std::max(kArenaChunkBytes, rounded));
+      arena_used_ = 0;
+    }
+    uint8_t* p = arena_->data() + arena_used_;
+    arena_used_ += rounded;
+    *storage = arena_;
+    return p;
+  }
 };
 
 }  // namespace
