@@ -1,9 +1,5 @@
 // Portable build of the element-wise kernels and their run-time dispatch.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "tessera/fp_contract_off.h"
 
 #include "elementwise_impl.h"
 #include "tessera/ggml_types.h"

@@ -1,11 +1,7 @@
 // AVX2/FMA build of the element-wise kernels (see elementwise_impl.h). Only called after
 // cpu_has_avx2(). Contraction stays off: every FMA here is one the portable build also does.
 #if defined(__x86_64__) || defined(__i386__)
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "tessera/fp_contract_off.h"
 
 #include <immintrin.h>
 

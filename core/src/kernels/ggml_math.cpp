@@ -10,11 +10,7 @@
 
 
 // Products and sums must round exactly as written, like the vector code they mirror.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "tessera/fp_contract_off.h"
 
 #include "tessera/ggml_simd.h"
 #include "tessera/ggml_types.h"

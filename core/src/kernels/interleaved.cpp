@@ -9,11 +9,7 @@
 #include "tessera/ggml_types.h"
 
 // Every float operation as written: the order is the contract the AVX2 kernel matches.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "tessera/fp_contract_off.h"
 
 namespace tessera {
 

@@ -15,11 +15,7 @@
 
 #include "quant_blocks.h"
 
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "tessera/fp_contract_off.h"
 
 namespace tessera::kernels {
 

@@ -9,11 +9,7 @@
 //    lanes. Positions a query cannot see have probability 0 and add nothing (fma(0, v, acc)
 //    returns acc), so they are skipped group-wise as the portable kernel skips them one by one.
 #if defined(__x86_64__) || defined(__i386__)
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "tessera/fp_contract_off.h"
 
 #include <immintrin.h>
 
