@@ -60,6 +60,22 @@ std::vector<ReferencePrompt> load_fixtures() {
   return out;
 }
 
+// Largest |logit - llama.cpp's| as a fraction of the range of llama.cpp's logits, and that range.
+struct LogitDiff {
+  double max_abs = 0;
+  double range = 0;
+  double fraction() const { return max_abs / range; }
+};
+
+LogitDiff logit_diff(const std::vector<float>& logits, const ReferencePrompt& f) {
+  LogitDiff d;
+  for (size_t i = 0; i < f.logits.size(); ++i)
+    d.max_abs = std::max(d.max_abs, static_cast<double>(std::fabs(logits[i] - f.logits[i])));
+  const auto [lo, hi] = std::minmax_element(f.logits.begin(), f.logits.end());
+  d.range = *hi - *lo;
+  return d;
+}
+
 // The fixtures were made with llama.cpp's KV cache in f32 (see the fixture script); the
 // matching Tessera stack is smollm2-cpu-f32kv.yaml. The default (f16 cache) is reported.
 StackConfig load_stack(PluginRegistry& registry, const char* file = "configs/smollm2-cpu-f32kv.yaml") {
@@ -125,18 +141,11 @@ TEST_CASE("last-position logits are close to llama.cpp's") {
     REQUIRE(runner.forward({&seq, 1}, &logits).is_ok());
     std::vector<float> logits_f16;
     REQUIRE(runner_f16.forward({&seq, 1}, &logits_f16).is_ok());
-    double max_diff = 0;
-    for (size_t i = 0; i < f.logits.size(); ++i)
-      max_diff = std::max(max_diff, static_cast<double>(std::fabs(logits[i] - f.logits[i])));
-    const auto [lo, hi] = std::minmax_element(f.logits.begin(), f.logits.end());
-    const double range = *hi - *lo;
-    const double fraction = max_diff / range;
+    const LogitDiff diff = logit_diff(logits, f);
+    const double fraction = diff.fraction();
     worst_fraction = std::max(worst_fraction, fraction);
-    double max_diff_f16 = 0;
-    for (size_t i = 0; i < f.logits.size(); ++i)
-      max_diff_f16 = std::max(max_diff_f16, static_cast<double>(std::fabs(logits_f16[i] - f.logits[i])));
-    worst_fraction_f16 = std::max(worst_fraction_f16, max_diff_f16 / range);
-    MESSAGE(f.name << ": max |logit - llama.cpp| = " << max_diff << " over a range of " << range
+    worst_fraction_f16 = std::max(worst_fraction_f16, logit_diff(logits_f16, f).fraction());
+    MESSAGE(f.name << ": max |logit - llama.cpp| = " << diff.max_abs << " over a range of " << diff.range
                    << " (" << 100 * fraction << "%)");
     // Same floats in the same order as llama.cpp's x86 CPU path: expected bit-identical;
     // the issue's bound is 1% of the logit range.
@@ -285,11 +294,7 @@ TEST_CASE("the interleaved Q4_1 layout: same perplexity as ggml's order, logits 
     RunnerSequence seq{f.prompt_ids.data(), static_cast<int32_t>(f.prompt_ids.size()), 0, table, 1};
     std::vector<float> logits;
     REQUIRE(runner.forward({&seq, 1}, &logits).is_ok());
-    double max_diff = 0;
-    for (size_t i = 0; i < f.logits.size(); ++i)
-      max_diff = std::max(max_diff, static_cast<double>(std::fabs(logits[i] - f.logits[i])));
-    const auto [lo, hi] = std::minmax_element(f.logits.begin(), f.logits.end());
-    worst_fraction = std::max(worst_fraction, max_diff / (*hi - *lo));
+    worst_fraction = std::max(worst_fraction, logit_diff(logits, f).fraction());
   }
   MESSAGE("interleaved layout: worst max-abs logit difference from llama.cpp "
           << 100 * worst_fraction << "% of the logit range (f32 KV cache)");
