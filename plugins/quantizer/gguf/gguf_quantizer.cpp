@@ -177,7 +177,10 @@ class GgufQuantizer final : public Quantizer, public GroupedMatmul {
   void dequantize_row(const PreparedWeight& pw, int64_t row, float* out) override {
     const auto& w = static_cast<const GgufWeight&>(pw);
     if (w.interleaved()) {
-      std::vector<uint8_t> blocks(w.row_bytes());
+      // Back to GGUF blocks first; the buffer is kept so embedding lookups in the step loop
+      // do not allocate.
+      thread_local std::vector<uint8_t> blocks;
+      blocks.resize(w.row_bytes());
       deinterleave_q4_1_row(w.group(0), w.cols(), row, blocks.data());
       tessera::dequantize_row(w.type(), blocks.data(), out, w.cols());
       return;
