@@ -26,8 +26,8 @@ bool built_for_avx2() {
 #endif
 }
 
-// flash's scalar exp (the one alpha uses, and the vector tail's).
-float exp_one(float x) { return tessera::flash::exp1(x); }
+// flash's scalar exp (the one alpha uses, and the vector tail's: ggml's).
+float exp_one(float x) { return tessera::flash::ggml_expf_inline(x); }
 
 // out[c] = exp(in[c] - max) through flash's row function (vector lanes + scalar tail); returns
 // the row's double sum.

@@ -1,5 +1,5 @@
 // attention.flash's online-softmax helpers (plugins/attention/flash/flash_kernel_impl.h):
-// its own exp against libm, the portable build against the AVX2 build bit for bit, and the
+// its exp (ggml's) against libm, the portable build against the AVX2 build bit for bit, and the
 // grouped-query tile step (K/V read once for a group of heads) against per-head steps bit for
 // bit. The kernel-level conformance tests only see d = 64 and whole outputs; these reach the
 // odd head sizes and tails directly.

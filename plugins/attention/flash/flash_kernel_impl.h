@@ -5,11 +5,11 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 
 #include "flash_kernel.h"
+#include "tessera/ggml_simd.h"
 #include "tessera/ggml_types.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -64,70 +64,14 @@ inline float dot(const float* a, const T* b, int32_t n) {
   return sum;
 }
 
-// exp for the online softmax, whose arguments are score - running max <= 0 (or -inf on the
-// first tile). libm's expf, one call per score, was ~4% of a serving profile; this is the
-// textbook scheme vectorized: x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2 (ln2 split
-// in two so n ln2 is subtracted almost exactly), exp(r) by Cephes' degree-5 minimax polynomial
-// for expf (~1 ulp), and 2^n assembled in the exponent bits. exp8 (AVX2) and exp1 (scalar) do
-// the same IEEE operations in the same order — std::fma exactly where the vector code fuses,
-// rounding to an integer by the 1.5 * 2^23 trick (two adds) in both — so a score gets the
-// same bits in a vector lane as in a scalar tail (how many scores a tile leaves to the tail
-// depends on the path: the causal mask shortens a prompt row's last tile), and the portable
-// build gives the AVX2 build's bits. exp(0) is exactly 1, so a row's maximum still
-// contributes exactly 1 to its sum. Results below FLT_MIN are flushed to 0 (std::exp would
-// return a subnormal < 1.2e-38, nothing next to the max term's 1), and x is clamped at 88
-// above (never reached here: exp(88) is still finite).
-constexpr float kExpLo = -87.33654475f;  // ln(FLT_MIN): below it exp is taken as 0
-constexpr float kExpHi = 88.0f;
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f;      // few mantissa bits: n * kLn2Hi is exact
-constexpr float kLn2Lo = -2.12194440e-4f;   // ln2 - kLn2Hi
-constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: (t + magic) - magic rounds t to an integer
-constexpr float kExpP0 = 1.9875691500e-4f, kExpP1 = 1.3981999507e-3f, kExpP2 = 8.3334519073e-3f,
-                kExpP3 = 4.1665795894e-2f, kExpP4 = 1.6666665459e-1f, kExpP5 = 5.0000001201e-1f;
-
-inline float exp1(float x) {
-  float xc = x > kExpLo ? x : kExpLo;  // _mm256_max_ps(x, lo)'s operand choice, NaN included
-  xc = xc < kExpHi ? xc : kExpHi;      // _mm256_min_ps(xc, hi)'s
-  // Separate statements: a compiler that contracts within an expression (clang's default)
-  // must not fuse this multiply-add, which the vector code rounds twice.
-  const float t = xc * kLog2e;
-  const float n = (t + kRoundMagic) - kRoundMagic;
-  float r = std::fma(n, -kLn2Hi, xc);
-  r = std::fma(n, -kLn2Lo, r);
-  float p = kExpP0;
-  p = std::fma(p, r, kExpP1);
-  p = std::fma(p, r, kExpP2);
-  p = std::fma(p, r, kExpP3);
-  p = std::fma(p, r, kExpP4);
-  p = std::fma(p, r, kExpP5);
-  const float y = std::fma(p, r * r, r) + 1.0f;
-  const float scale = std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
-  return x < kExpLo ? 0.0f : y * scale;
-}
-
-#if TESSERA_FLASH_AVX2
-inline __m256 exp8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(kExpLo);
-  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(kExpHi));
-  const __m256 magic = _mm256_set1_ps(kRoundMagic);
-  const __m256 n =
-      _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(kLog2e)), magic), magic);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), xc);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kExpP0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP5));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), out);  // x < lo (or -inf): 0
-}
-#endif
+// exp for the online softmax is ggml's (tessera/ggml_simd.h, also used by SiLU and the
+// sampler): within 2 ulp of expf, exp(0) exactly 1 (so a row's maximum contributes exactly 1
+// to its sum), exp(-inf) = 0, and its 8-lane form returns the scalar form's bits in every lane.
+// So a score gets the same bits in a vector lane as in a scalar tail (how many scores a tile
+// leaves to the tail depends on the path: the causal mask shortens a prompt row's last tile),
+// and the portable build gives the AVX2 build's bits. libm's expf, one call per score, was
+// ~4% of a serving profile.
+using simd::ggml_expf_inline;
 
 // The largest of s[0..n) (-inf when n == 0). Order does not matter for a maximum: the only
 // ties it could break differently are +0 vs -0, which give the same exp(s - max).
@@ -161,7 +105,7 @@ inline double exp_sum_row(float* s, int32_t n, float max) {
     const __m256 mx = _mm256_set1_ps(max);
     __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
     for (; c + 8 <= n; c += 8) {
-      const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + c), mx));
+      const __m256 p = simd::ggml_v_expf(_mm256_sub_ps(_mm256_loadu_ps(s + c), mx));
       _mm256_storeu_ps(s + c, p);
       acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
       acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
@@ -176,14 +120,14 @@ inline double exp_sum_row(float* s, int32_t n, float max) {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (; c + 8 <= n; c += 8)
       for (int32_t j = 0; j < 8; ++j) {
-        s[c + j] = exp1(s[c + j] - max);
+        s[c + j] = ggml_expf_inline(s[c + j] - max);
         acc[j] += s[c + j];
       }
     sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
   }
 #endif
   for (; c < n; ++c) {
-    s[c] = exp1(s[c] - max);
+    s[c] = ggml_expf_inline(s[c] - max);
     sum += s[c];
   }
   return sum;
@@ -387,7 +331,7 @@ inline void prefetch_row(const T* row, int32_t d) {
 // accumulated yet.
 inline float softmax_row(float* srow, int32_t cols, float* m, double* l) {
   const float new_max = std::max(*m, row_max(srow, cols));
-  const float alpha = exp1(*m - new_max);
+  const float alpha = ggml_expf_inline(*m - new_max);
   const double sum = exp_sum_row(srow, cols, new_max);
   *l = *l * alpha + sum;
   *m = new_max;
