@@ -76,6 +76,15 @@ LogitDiff logit_diff(const std::vector<float>& logits, const ReferencePrompt& f)
   return d;
 }
 
+// The last-position logits of a fixture prompt, run alone from position 0 in blocks table[...].
+std::vector<float> prompt_logits(ModelRunner& runner, const ReferencePrompt& f,
+                                 const std::vector<int32_t>& table) {
+  RunnerSequence seq{f.prompt_ids.data(), static_cast<int32_t>(f.prompt_ids.size()), 0, table, 1};
+  std::vector<float> logits;
+  REQUIRE(runner.forward({&seq, 1}, &logits).is_ok());
+  return logits;
+}
+
 // The fixtures were made with llama.cpp's KV cache in f32 (see the fixture script); the
 // matching Tessera stack is smollm2-cpu-f32kv.yaml. The default (f16 cache) is reported.
 StackConfig load_stack(PluginRegistry& registry, const char* file = "configs/smollm2-cpu-f32kv.yaml") {
@@ -136,11 +145,8 @@ TEST_CASE("last-position logits are close to llama.cpp's") {
   double worst_fraction_f16 = 0;
   for (const auto& f : fixtures) {
     INFO("prompt " << f.name);
-    RunnerSequence seq{f.prompt_ids.data(), static_cast<int32_t>(f.prompt_ids.size()), 0, table, 1};
-    std::vector<float> logits;
-    REQUIRE(runner.forward({&seq, 1}, &logits).is_ok());
-    std::vector<float> logits_f16;
-    REQUIRE(runner_f16.forward({&seq, 1}, &logits_f16).is_ok());
+    const std::vector<float> logits = prompt_logits(runner, f, table);
+    const std::vector<float> logits_f16 = prompt_logits(runner_f16, f, table);
     const LogitDiff diff = logit_diff(logits, f);
     const double fraction = diff.fraction();
     worst_fraction = std::max(worst_fraction, fraction);
@@ -291,10 +297,7 @@ TEST_CASE("the interleaved Q4_1 layout: same perplexity as ggml's order, logits 
   std::iota(table.begin(), table.end(), 0);
   double worst_fraction = 0;
   for (const auto& f : fixtures) {
-    RunnerSequence seq{f.prompt_ids.data(), static_cast<int32_t>(f.prompt_ids.size()), 0, table, 1};
-    std::vector<float> logits;
-    REQUIRE(runner.forward({&seq, 1}, &logits).is_ok());
-    worst_fraction = std::max(worst_fraction, logit_diff(logits, f).fraction());
+    worst_fraction = std::max(worst_fraction, logit_diff(prompt_logits(runner, f, table), f).fraction());
   }
   MESSAGE("interleaved layout: worst max-abs logit difference from llama.cpp "
           << 100 * worst_fraction << "% of the logit range (f32 KV cache)");
