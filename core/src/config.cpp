@@ -6,7 +6,9 @@
 // tree, so a message about a key set in a base file still points into the base file.
 #include "text_util.h"
 #include "tessera/config.h"
+#include "tessera/thread_pool.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -322,7 +324,35 @@ class IssueList {
   std::vector<ConfigIssue> issues_;
 };
 
-Tree to_tree(const YAML::Node& node, const std::string& file, IssueList& issues) {
+// Bounds on what one config document may expand to. YAML aliases share nodes in yaml-cpp's
+// graph but are copied into the Tree, so 9 levels of 9 aliases ("billion laughs") would copy
+// 9^9 nodes; real stacks have a few hundred nodes and a nesting depth under 10.
+constexpr size_t kMaxConfigNodes = 100000;
+constexpr int kMaxConfigDepth = 64;
+// Config files larger than this are refused before parsing (a stack is a few KiB).
+constexpr uintmax_t kMaxConfigBytes = 1u << 20;
+
+// Thrown inside to_tree when a document exceeds the bounds above; parse_yaml turns it into
+// one issue.
+struct TreeLimitExceeded {
+  YAML::Mark mark;
+  std::string message;
+};
+
+struct TreeBudget {
+  size_t nodes_left = kMaxConfigNodes;
+};
+
+Tree to_tree(const YAML::Node& node, const std::string& file, IssueList& issues,
+             TreeBudget& budget, int depth) {
+  if (budget.nodes_left == 0)
+    throw TreeLimitExceeded{node.Mark(), "the document expands to more than " +
+                                             std::to_string(kMaxConfigNodes) +
+                                             " nodes (nested YAML aliases?)"};
+  --budget.nodes_left;
+  if (depth > kMaxConfigDepth)
+    throw TreeLimitExceeded{node.Mark(), "nesting deeper than " +
+                                             std::to_string(kMaxConfigDepth) + " levels"};
   Tree t;
   t.file = file;
   t.mark = node.Mark();
@@ -336,10 +366,17 @@ Tree to_tree(const YAML::Node& node, const std::string& file, IssueList& issues)
       t.text = node.Scalar();
       // Quoted scalars are strings to YAML ("!" tag); plain ones may be numbers or booleans.
       t.quoted = node.Tag() == "!";
+      // A NUL (YAML's "\0" escape) would silently cut a path or name short where it reaches
+      // a C API.
+      if (t.text.find('\0') != std::string::npos) {
+        issues.add(Position{file, node.Mark()}, "", "a value contains a NUL character");
+        t.text.resize(t.text.find('\0'));
+      }
       break;
     case YAML::NodeType::Sequence:
       t.type = Tree::Type::kSequence;
-      for (const auto& item : node) t.items.push_back(to_tree(item, file, issues));
+      for (const auto& item : node)
+        t.items.push_back(to_tree(item, file, issues, budget, depth + 1));
       break;
     case YAML::NodeType::Map:
       t.type = Tree::Type::kMap;
@@ -355,7 +392,8 @@ Tree to_tree(const YAML::Node& node, const std::string& file, IssueList& issues)
                          std::to_string(first->key_mark.line + 1) + ")");
           continue;
         }
-        t.entries.push_back({key, file, kv.first.Mark(), to_tree(kv.second, file, issues)});
+        t.entries.push_back(
+            {key, file, kv.first.Mark(), to_tree(kv.second, file, issues, budget, depth + 1)});
       }
       break;
   }
@@ -394,9 +432,20 @@ void merge_into(Tree& base, Tree&& child) {
 std::string display_path(const fs::path& p) { return p.lexically_normal().string(); }
 
 std::optional<std::string> read_text_file(const fs::path& path, std::string* error) {
+  // stat first: opening a FIFO blocks until a writer comes, and a device (/dev/zero) never
+  // ends, so only regular files are read, and only up to the size bound.
   std::error_code ec;
-  if (fs::is_directory(path, ec)) {
+  fs::file_status status = fs::status(path, ec);
+  if (ec) {
+    *error = "cannot open file: " + ec.message();
+    return std::nullopt;
+  }
+  if (fs::is_directory(status)) {
     *error = "is a directory, not a YAML file";
+    return std::nullopt;
+  }
+  if (!fs::is_regular_file(status)) {
+    *error = "is not a regular file (a device, FIFO or socket); configs are read from files";
     return std::nullopt;
   }
   std::ifstream in(path, std::ios::binary);
@@ -404,9 +453,16 @@ std::optional<std::string> read_text_file(const fs::path& path, std::string* err
     *error = std::string("cannot open file: ") + std::strerror(errno);
     return std::nullopt;
   }
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
+  // Read one byte past the bound, so a file that grew after the stat is still refused.
+  std::string text(static_cast<size_t>(kMaxConfigBytes) + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    *error = "is larger than " + format_bytes(static_cast<double>(kMaxConfigBytes)) +
+             ", the most a config file may be";
+    return std::nullopt;
+  }
+  return text;
 }
 
 // Parses YAML text into a Tree; syntax errors become issues (with their line:col).
@@ -414,7 +470,17 @@ std::optional<Tree> parse_yaml(const std::string& text, const std::string& file,
                                IssueList& issues) {
   try {
     YAML::Node root = YAML::Load(text);
-    return to_tree(root, file, issues);
+    TreeBudget budget;
+    return to_tree(root, file, issues, budget, 0);
+  } catch (const TreeLimitExceeded& e) {
+    issues.add(Position{file, e.mark}, "", "config too large: " + e.message);
+    return std::nullopt;
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp's own guard says only "bad file".
+    issues.add(Position{file, e.mark}, "",
+               "config too large: nesting deeper than " + std::to_string(kMaxConfigDepth) +
+                   " levels");
+    return std::nullopt;
   } catch (const YAML::Exception& e) {
     issues.add(Position{file, e.mark}, "", "YAML syntax error: " + e.msg);
     return std::nullopt;
@@ -794,7 +860,7 @@ class StackValidator {
     static const ParamSpec kPath{"path", ParamType::kString, nullptr,
                                  "a model name from the cache or a .gguf file path"};
     static const ParamSpec kName{"name", ParamType::kString, "", "served model id"};
-    static const ParamSpec kThreads{"threads", ParamType::kInt, "0", "", 0};
+    static const ParamSpec kThreads{"threads", ParamType::kInt, "0", "", 0, kMaxThreadPoolThreads};
     static const ParamSpec kContext{"context_length", ParamType::kInt, "0", "", 0, 1 << 30};
     field(entry, "model", kPath, &model->path);
     field(entry, "model", kName, &model->name);

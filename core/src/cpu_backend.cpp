@@ -83,13 +83,18 @@ namespace {
 const ParamSpec kCpuParams[] = {
     {"threads", ParamType::kInt, "0",
      "worker threads including the caller; 0 uses model.threads or all hardware threads", 0,
-     1024},
+     kMaxThreadPoolThreads},
 };
 }  // namespace
 
 Status CpuBackend::create(const PluginConfig& config, const PluginContext&,
                           std::unique_ptr<Backend>* out) {
-  *out = std::make_unique<CpuBackend>(static_cast<int>(config.get_int("threads", 0)));
+  const int threads = static_cast<int>(config.get_int("threads", 0));
+  try {
+    *out = std::make_unique<CpuBackend>(threads);
+  } catch (const std::exception& e) {
+    return invalid_argument(config.key_path() + ".threads: " + e.what());
+  }
   return Status::ok();
 }
 

@@ -423,6 +423,23 @@ void GgufParser::place_tensors() {
            tensor_info_offsets_[order[k]]);
     }
   }
+  // Writers (llama.cpp's and ours) place each tensor right after the previous one, padded to
+  // the alignment. A larger gap means the declared type or shape does not account for the
+  // bytes stored: e.g. a Q4_1 tensor relabelled Q4_0 would otherwise be read as valid Q4_0.
+  for (size_t k = 0; k < order.size(); ++k) {
+    const TensorInfo& t = file_.tensors_[order[k]];
+    const uint64_t end = t.offset + t.num_bytes;
+    const uint64_t next = k + 1 < order.size() ? file_.tensors_[order[k + 1]].offset : data_size;
+    if (next - end >= a) {
+      fail("tensor '" + t.name + "': its type " + std::string(ggml_type_name(t.type)) + " and shape give " +
+               std::to_string(t.num_bytes) + " bytes, but " + std::to_string(next - t.offset) +
+               " bytes lie before the " +
+               (k + 1 < order.size() ? "next tensor ('" + file_.tensors_[order[k + 1]].name + "')"
+                                     : std::string("end of the file")) +
+               "; the type or shape is wrong",
+           tensor_info_offsets_[order[k]]);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

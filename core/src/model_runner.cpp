@@ -35,7 +35,7 @@ ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quanti
       for (void* p : v_pools_) backend.release(p);
       throw std::runtime_error("cannot allocate the KV pool: " +
                                std::to_string(2 * layer_bytes * hp.num_layers) + " bytes on " +
-                               backend.device_name());
+                               backend.device_name() + "; lower engine.kv_cache.memory");
     }
     k_pools_.push_back(k);
     v_pools_.push_back(v);

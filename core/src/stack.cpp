@@ -1,5 +1,6 @@
 #include "tessera/stack.h"
 
+#include <new>
 #include <stdexcept>
 
 namespace tessera {
@@ -42,7 +43,19 @@ std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& 
   }
   c.model = Model::load(resolve_model_path(config.model.path), *c.quantizer, progress);
   c.max_context = config.model.context_length;
-  return std::make_unique<Engine>(std::move(c));
+  try {
+    return std::make_unique<Engine>(std::move(c));
+  } catch (const std::bad_alloc&) {
+    // The engine's big allocations are the KV cache's: its block table and pools, sized by
+    // the byte budget. Say which setting asked for too much instead of a bare bad_alloc.
+    const PluginConfig& kv = config.engine.at(PluginKind::kKvCache).config;
+    static const ParamSpec kMemory{"memory", ParamType::kBytes, nullptr, ""};
+    const std::string memory =
+        kv.has("memory") ? format_param_value(kMemory, kv.get_int("memory", 0))
+                                : std::string("its default size");
+    throw std::runtime_error("engine.kv_cache.memory: out of memory while allocating a KV cache "
+                             "of " + memory + "; lower engine.kv_cache.memory");
+  }
 }
 
 }  // namespace tessera

@@ -1,6 +1,9 @@
 #include "tessera/thread_pool.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -60,15 +63,30 @@ constexpr int kSpinIterations = 1 << 11;
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (num_threads > kMaxThreadPoolThreads)
+    throw std::runtime_error("a thread pool of " + std::to_string(num_threads) +
+                             " threads was asked for; at most " +
+                             std::to_string(kMaxThreadPoolThreads) + " are supported");
   num_threads_ = std::max(1, num_threads);
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  try {
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  } catch (const std::system_error& e) {
+    // Destroying a joinable std::thread calls std::terminate: stop the started ones first.
+    const size_t started = workers_.size();
+    stop_workers();
+    throw std::runtime_error("could not start thread " + std::to_string(started + 1) + " of " +
+                             std::to_string(num_threads_) + ": " + e.what());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   stopping_.store(true, std::memory_order_seq_cst);
   generation_.fetch_add(1, std::memory_order_seq_cst);
   futex_wake_all(&generation_);
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::run_range(int index) {

@@ -17,8 +17,10 @@ failed=0
 expect_error() {
   local name=$1 expected=$2
   shift 2
-  "$@" >stdout.txt 2>stderr.txt
+  "$@" >stdout.txt 2>stderr.all.txt
   local rc=$?
+  # Model-loading progress lines are not errors.
+  grep -v '^loading model \[' stderr.all.txt >stderr.txt
   local lines
   lines=$(grep -c . stderr.txt)
   if [[ $rc -ne 0 && $rc -lt 128 && $lines -eq 1 ]] && grep -q '^error: ' stderr.txt &&
@@ -85,6 +87,28 @@ model: {path: $scratch/nowhere.gguf}
 YAML
 expect_error "config naming a missing model file" "nowhere.gguf" "$bin" generate --config missing-model.yaml --prompt hi
 expect_error "missing config file" "no-such.yaml" "$bin" generate --config no-such.yaml --prompt hi
+
+# Issue 12 regressions: limits that used to abort the process or print a bare bad_alloc.
+cat >threads.yaml <<YAML
+extends: $base
+model: {threads: 4000}
+YAML
+expect_error "model.threads past the bound" "model.threads: expected an integer in [0, 512], got 4000" "$bin" generate --config threads.yaml --prompt hi
+cat >huge-kv.yaml <<YAML
+extends: $base
+engine:
+  kv_cache: {memory: 1000TiB}
+YAML
+if [[ -f "$model" ]]; then
+  expect_error "KV memory past what the machine has" "engine.kv_cache.memory: out of memory" "$bin" generate --config huge-kv.yaml --prompt hi
+else
+  echo "skip KV memory past what the machine has: $model is missing"
+fi
+mkfifo fifo.yaml
+cat >extends-fifo.yaml <<YAML
+extends: fifo.yaml
+YAML
+expect_error "extends a FIFO" "is not a regular file" timeout 20 "$bin" generate --config extends-fifo.yaml --prompt hi
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

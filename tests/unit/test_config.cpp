@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include <sys/stat.h>
+
 #include "support/test_env.h"
 #include "tessera/config.h"
 #include "tessera/plugin_registry.h"
@@ -305,7 +307,7 @@ TEST_CASE("a missing default plugin is reported against its slot") {
   auto issues = load_errors(file, bare);
   INFO(dump(issues));
   CHECK(has_issue(issues, file.string() + ":2:42: engine.backend.threads: expected an integer in "
-                                          "[0, 1024], got -2"));
+                                          "[0, 512], got -2"));
   CHECK(has_issue(issues, file.string() + ":2:1: engine.scheduler: not set, and the default "
                                           "scheduler plugin is not available: unknown scheduler "
                                           "plugin 'static'; no scheduler plugins are registered"));
@@ -361,7 +363,7 @@ server: {api_keys: [child-key]}
   auto uses_broken = write_file(dir / "v2.yaml", "extends: base/broken.yaml\nengine: {sampler: {plugin: test-greedy}}\n");
   check_single(load_errors(uses_broken, *registry),
                (dir / "base" / "broken.yaml").string() +
-                   ":1:27: model.threads: expected an integer >= 0, got -1");
+                   ":1:27: model.threads: expected an integer in [0, 512], got -1");
 }
 
 TEST_CASE("extends: cycles and missing bases are reported where extends is written") {
@@ -479,7 +481,7 @@ server: {port: 70000, api_keys: key}
   INFO(dump(issues));
   const std::string f = file.string();
   CHECK(has_issue(issues, f + ":1:1: model: missing required key 'path' (a string)"));
-  CHECK(has_issue(issues, f + ":2:12: model.threads: expected an integer >= 0, got \"abc\""));
+  CHECK(has_issue(issues, f + ":2:12: model.threads: expected an integer in [0, 512], got \"abc\""));
   CHECK(has_issue(issues, f + ":3:19: model.context_length: expected an integer in [0, "
                               "1073741824], got 1.5"));
   CHECK(has_issue(issues, f + ":5:45: engine.scheduler.max_num_seqs: expected an integer in [1, "
@@ -745,4 +747,63 @@ TEST_CASE("server: limits, timeouts and queue size are typed, and mistakes name 
   CHECK(all.find("server.max_body_size: expected a size in [1KiB, 1GiB]") != std::string::npos);
   CHECK(all.find("server.api_keys: an API key must not be empty") != std::string::npos);
   CHECK(all.find("server: unknown key 'max_conections'") != std::string::npos);
+}
+
+// Regressions of the adversarial probe in issue 12: each of these used to exhaust memory,
+// hang or abort; each now gives one clear issue and allocates nothing big.
+TEST_CASE("hostile configs: alias bombs, deep nesting, devices, FIFOs, huge files, NULs") {
+  auto dir = test::scratch_dir("config-hostile");
+
+  // "Billion laughs": 9 levels of 9 aliases would copy 9^9 nodes (8 GB before the bound).
+  std::string bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n";
+  for (int level = 1; level <= 9; ++level) {
+    std::string prev = "*a" + std::to_string(level - 1);
+    bomb += "a" + std::to_string(level) + ": &a" + std::to_string(level) + " [" + prev;
+    for (int i = 1; i < 9; ++i) bomb += ", " + prev;
+    bomb += "]\n";
+  }
+  auto file = write_file(dir / "bomb.yaml", bomb);
+  auto issues = load_errors(file);
+  INFO(dump(issues));
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].message ==
+        "config too large: the document expands to more than 100000 nodes (nested YAML aliases?)");
+
+  // Nesting past our bound (64) and past yaml-cpp's own guard (which says only "bad file").
+  for (int depth : {100, 5000}) {
+    file = write_file(dir / ("deep" + std::to_string(depth) + ".yaml"),
+                      "model: " + std::string(depth, '[') + std::string(depth, ']') + "\n");
+    issues = load_errors(file);
+    INFO(dump(issues));
+    REQUIRE(issues.size() == 1);
+    CHECK(issues[0].message == "config too large: nesting deeper than 64 levels");
+  }
+
+  // A file past 1 MiB is refused unread.
+  file = write_file(dir / "big.yaml", "model: {path: x}\n# " + std::string(1 << 20, 'x') + "\n");
+  check_single(load_errors(file),
+               file.string() + ": is larger than 1MiB, the most a config file may be");
+
+  // extends: a device or a FIFO (the FIFO used to block forever in open()).
+  file = write_file(dir / "zero.yaml", "extends: /dev/zero\nmodel: {path: x}\n");
+  check_single(load_errors(file),
+               file.string() + ":1:10: extends: cannot read '/dev/zero': is not a regular file "
+                               "(a device, FIFO or socket); configs are read from files");
+  const fs::path fifo = dir / "pipe.yaml";
+  fs::remove(fifo);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  file = write_file(dir / "fifo.yaml", "extends: pipe.yaml\nmodel: {path: x}\n");
+  check_single(load_errors(file),
+               file.string() + ":1:10: extends: cannot read '" + fifo.string() +
+                   "': is not a regular file (a device, FIFO or socket); configs are read from "
+                   "files");
+
+  // A NUL in a path would cut it short where it reaches open().
+  file = write_file(dir / "nul.yaml", "model: {path: \"models/a\\0b.gguf\"}\n");
+  check_single(load_errors(file), file.string() + ":1:15: a value contains a NUL character");
+
+  // model.threads is bounded (4000 used to abort the process once the pool was built).
+  file = write_file(dir / "threads.yaml", "model: {path: x, threads: 4000}\n");
+  check_single(load_errors(file),
+               file.string() + ":1:27: model.threads: expected an integer in [0, 512], got 4000");
 }

@@ -520,6 +520,19 @@ TEST_CASE("gguf reader rejects bad tensor infos") {
     poke<uint64_t>(bad, w.offset, 64);  // q8 occupies [0, 68)
     expect_rejected(dir, bad, "overlaps tensor 'q8'");
   }
+  SUBCASE("a type relabelled to a smaller valid one") {
+    // q8 as Q4_0 is 36 bytes where 68 (padded to 96) are stored: the bytes are Q8_0 blocks
+    // and must not be read as Q4_0 ones.
+    auto bad = bytes;
+    poke<uint32_t>(bad, q8.type, 2);
+    expect_rejected(dir, bad, "tensor 'q8': its type q4_0 and shape give 36 bytes, but 96 bytes "
+                              "lie before the next tensor ('w'); the type or shape is wrong");
+    // A shrunken shape leaves the same kind of gap. (A change smaller than the 32-byte
+    // alignment hides in the padding and cannot be told from it.)
+    bad = bytes;
+    poke<int64_t>(bad, q8.dims + 8, 1);
+    expect_rejected(dir, bad, "tensor 'q8': its type q8_0 and shape give 34 bytes");
+  }
   SUBCASE("unknown ggml type id") {
     for (uint32_t id : {4u, 17u, 1000u}) {
       auto bad = bytes;

@@ -365,6 +365,15 @@ TEST_CASE("bad tokenizer metadata names the key") {
     w.add_uint32("tokenizer.ggml.tokens", 3);  // wrong type
     expect_error(w, "tokenizer.ggml.tokens");
   }
+  {
+    // A special token id past the vocabulary used to be replaced silently by the default.
+    tessera::gguf::GgufWriter w;
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_string_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>"});
+    w.add_uint32("tokenizer.ggml.bos_token_id", 99999);
+    expect_error(w, "tokenizer.ggml.bos_token_id = 99999 is outside the vocabulary (3 tokens, "
+                    "ids 0..2)");
+  }
 }
 
 // Reference ids from llama.cpp (llama-cpp-python 0.3.36, vocab_only=True,

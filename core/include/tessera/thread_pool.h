@@ -18,9 +18,16 @@
 
 namespace tessera {
 
+// The most threads a pool (and so model.threads or a backend's threads) may have: llama.cpp's
+// bound too. Far past any useful count on today's CPUs, and low enough that asking for it
+// cannot exhaust the process's thread or stack limits.
+inline constexpr int kMaxThreadPoolThreads = 512;
+
 class ThreadPool final : public Executor {
  public:
-  // num_threads <= 0 means std::thread::hardware_concurrency().
+  // num_threads <= 0 means std::thread::hardware_concurrency(). Throws std::runtime_error
+  // (having joined the workers it started) when num_threads exceeds kMaxThreadPoolThreads or
+  // the system refuses a thread.
   explicit ThreadPool(int num_threads);
   ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;
@@ -30,6 +37,7 @@ class ThreadPool final : public Executor {
   void parallel_for(int64_t n, RangeFn fn, void* context) override;
 
  private:
+  void stop_workers();
   void worker_loop(int index);
   void run_range(int index);
 

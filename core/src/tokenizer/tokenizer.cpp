@@ -329,7 +329,15 @@ void Tokenizer::load(const gguf::GgufFile& file) {
   for (const SpecialKey& sk : special_keys) {
     if (*sk.id >= 0 && static_cast<size_t>(*sk.id) >= n_tokens) *sk.id = -1;
     const auto v = read_key(sk.key, [&] { return file.opt_uint(sk.key); });
-    if (v && *v < n_tokens) *sk.id = static_cast<int32_t>(*v);
+    if (!v) continue;
+    // llama.cpp warns and keeps the type's default here; a file whose special token points
+    // past its vocabulary is malformed, and silently using another token would change every
+    // prompt's first token or where generation stops.
+    if (*v >= n_tokens)
+      throw std::runtime_error(std::string(sk.key) + " = " + std::to_string(*v) +
+                               " is outside the vocabulary (" + std::to_string(n_tokens) +
+                               " tokens, ids 0.." + std::to_string(n_tokens - 1) + ")");
+    *sk.id = static_cast<int32_t>(*v);
   }
 
   if (auto v = read_key(kKeyAddBos, [&] { return file.opt_bool(kKeyAddBos); })) add_bos_ = *v;
