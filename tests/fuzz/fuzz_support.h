@@ -1,0 +1,43 @@
+// Shared by the fuzz targets: where a target may write the scratch files its input becomes
+// (the GGUF reader and the config loader read files, not memory).
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace tessera::fuzz {
+
+// A per-process scratch folder under $TMPDIR, created once.
+inline const std::filesystem::path& scratch_dir() {
+  static const std::filesystem::path dir = [] {
+    const char* tmp = std::getenv("TMPDIR");
+    std::filesystem::path d = std::filesystem::path(tmp && *tmp ? tmp : "/tmp") /
+                              ("tessera-fuzz-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+// Writes the fuzzer's bytes to scratch_dir()/name, replacing what was there.
+inline std::string write_input(const std::string& name, const uint8_t* data, size_t size) {
+  const std::filesystem::path path = scratch_dir() / name;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  return path.string();
+}
+
+// The folder a file shipped for the tests lives in: $TESSERA_SHARED_DIR/testdata/tokenizer
+// when set (ctest sets it), else the checkout's ../shared.
+inline std::filesystem::path shared_testdata() {
+  if (const char* s = std::getenv("TESSERA_SHARED_DIR"); s && *s)
+    return std::filesystem::path(s) / "testdata";
+  return std::filesystem::path(TESSERA_FUZZ_SOURCE_DIR) / ".." / "shared" / "testdata";
+}
+
+}  // namespace tessera::fuzz
