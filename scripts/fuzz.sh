@@ -27,11 +27,14 @@ else
   targets=("$which")
 fi
 
-CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=address,undefined -DTESSERA_ENABLE_CUDA=OFF >/dev/null
-# The config target validates against the real plugins' schemas, so build those too.
-plugins=$(ninja -C "$build" -t targets all | sed -n 's|^\(plugins/libtessera-[^:]*\.so\):.*|\1|p')
-cmake --build "$build" -j "$jobs" --target $(printf 'fuzz_%s ' "${targets[@]}") -- $plugins
+# TESSERA_FUZZ_SKIP_BUILD=1 runs what is built (for several runs in parallel on one build).
+if [[ ${TESSERA_FUZZ_SKIP_BUILD:-0} != 1 ]]; then
+  CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=address,undefined -DTESSERA_ENABLE_CUDA=OFF >/dev/null
+  # The config target validates against the real plugins' schemas, so build those too.
+  plugins=$(ninja -C "$build" -t targets all | sed -n 's|^\(plugins/libtessera-[^:]*\.so\):.*|\1|p')
+  cmake --build "$build" -j "$jobs" --target $(printf 'fuzz_%s ' "${targets[@]}") -- $plugins
+fi
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
