@@ -46,7 +46,7 @@ for t in "${targets[@]}"; do
   log="$build/fuzz-$t.log"
   echo "fuzz: $t for ${seconds}s (log: $log)"
   if "$build/tests/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=3072 \
-       -max_len=65536 -print_final_stats=1 \
+       -max_len=65536 -print_final_stats=1 -report_slow_units=60 \
        -artifact_prefix="$root/tests/fuzz/corpus/$t/regression-" \
        "$work" "$root/tests/fuzz/corpus/$t" >"$log" 2>&1; then
     echo "fuzz: $t ok: $(grep -E '^(Done|stat::number_of_executed_units)' "$log" | tr '\n' ' ')"
