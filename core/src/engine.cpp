@@ -33,6 +33,7 @@ struct Engine::Sequence {
   int32_t num_cached_prompt_tokens = 0;
   SamplerState sampler_state;
   Draft draft;                   // the pending drafts (tokens also at the end of `tokens`)
+  AcceptanceEstimate acceptance;  // of this sequence's drafts, for adaptive drafting
   int32_t num_draft_tokens_fed = 0;      // for GenerationEvent
   int32_t num_draft_tokens_accepted = 0;
   RequestTimings timings;
@@ -317,7 +318,9 @@ bool Engine::run_phases() {
     if (st.is_ok()) sample_batch();
     else
       for (Sequence* seq : batch_sequences_) finish(*seq, FinishReason::kError, st);
-    if (batch_has_drafts_) stats_.verify_seconds += now() - t0;
+    const double seconds = now() - t0;
+    if (batch_has_drafts_) stats_.verify_seconds += seconds;
+    step_times_.record(stats_.last_batch_tokens, seconds);
   }
   if (components_.drafter && components_.num_draft_tokens > 0) propose_drafts();
   return did_work;
@@ -475,6 +478,8 @@ Status Engine::pick_tokens(Sequence& seq, float* first_row, std::vector<SampledT
   stats_.num_draft_tokens += num_drafts;
   stats_.num_accepted_draft_tokens += accepted;
   for (int32_t i = 0; i < accepted; ++i) ++stats_.num_accepted_tokens_per_pos[i];
+  seq.acceptance.record(num_drafts, accepted);
+  acceptance_.record(num_drafts, accepted);
   seq.num_draft_tokens_fed += num_drafts;
   seq.num_draft_tokens_accepted += accepted;
   components_.drafter->on_drafts_settled(seq.info.id, num_drafts, accepted);
@@ -539,6 +544,7 @@ void Engine::propose_drafts() {
     draft_requests_.push_back({&seq->info, room, &seq->draft});
     draft_sequences_.push_back(seq);
   }
+  if (components_.adaptive_drafts) adapt_draft_lengths();
   if (draft_requests_.empty()) return;
   const double t0 = now();
   Status st;
@@ -568,6 +574,42 @@ void Engine::propose_drafts() {
     seq.info.num_draft_tokens = static_cast<int32_t>(d.tokens.size());
     seq.sync_view();
   }
+}
+
+// Each candidate's max_drafts becomes what pays for it (tessera/speculation_control.h), in a
+// step of as many decode rows as there are candidates; those given none are left out.
+void Engine::adapt_draft_lengths() {
+  const size_t num_candidates = draft_requests_.size();
+  if (num_candidates == 0 || !step_times_.has_data()) return;
+  const auto rows = static_cast<int32_t>(num_candidates);
+  const double step_seconds = step_times_.seconds_for(rows);
+  const double row_seconds = step_times_.seconds_per_extra_token();
+  size_t kept = 0;
+  for (size_t i = 0; i < num_candidates; ++i) {
+    Sequence* seq = draft_sequences_[i];
+    // A seeded sampled request keeps its drafts: how many there are decides how its random
+    // stream is consumed, and a count that followed step times would make it irreproducible.
+    const SamplingParams& p = seq->request->spec.params;
+    if (p.has_seed && !p.is_greedy()) {
+      draft_requests_[kept] = draft_requests_[i];
+      draft_sequences_[kept++] = seq;
+      continue;
+    }
+    const int32_t k = choose_num_drafts(seq->acceptance.alpha(acceptance_.alpha()), draft_requests_[i].max_drafts,
+                                        rows, step_seconds, row_seconds);
+    if (k == 0) {
+      seq->acceptance.age();  // so that it is tried again later
+      ++stats_.num_draft_skips;
+      continue;
+    }
+    draft_requests_[kept] = draft_requests_[i];
+    draft_requests_[kept].max_drafts = k;
+    draft_sequences_[kept] = seq;
+    ++kept;
+  }
+  stats_.speculation_off = kept == 0;
+  draft_requests_.resize(kept);
+  draft_sequences_.resize(kept);
 }
 
 void Engine::release_finished() {

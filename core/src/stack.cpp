@@ -39,6 +39,7 @@ EngineComponents build_engine_components(const StackConfig& config, PluginRegist
     c.drafter = create_slot<Drafter>(config, registry, PluginKind::kDrafter);
     c.num_draft_tokens = static_cast<int32_t>(
         config.engine.at(PluginKind::kDrafter).config.get_int("num_draft_tokens", 4));
+    c.adaptive_drafts = config.engine.at(PluginKind::kDrafter).config.get_bool("adaptive", false);
   }
   c.model = Model::load(resolve_model_path(config.model.path), *c.quantizer, progress);
   c.max_context = config.model.context_length;

@@ -22,6 +22,7 @@
 #include "tessera/model.h"
 #include "tessera/model_runner.h"
 #include "tessera/sdk.h"
+#include "tessera/speculation_control.h"
 
 namespace tessera {
 
@@ -35,6 +36,9 @@ struct EngineComponents {
   std::shared_ptr<Sampler> sampler;
   std::shared_ptr<Drafter> drafter;  // may be null
   int32_t num_draft_tokens = 0;      // per sequence and step at most, when a drafter is set
+  // Adapt each sequence's drafts to its acceptance and the measured step cost, down to none
+  // when verification costs more than it saves (tessera/speculation_control.h).
+  bool adaptive_drafts = false;
   int32_t max_context = 0;           // 0: the model's trained context, capped at 4096
 };
 
@@ -102,6 +106,10 @@ struct EngineStats {
   uint64_t num_accepted_draft_tokens = 0;
   std::array<uint64_t, kMaxDraftTokens> num_accepted_tokens_per_pos{};
   uint64_t num_drafter_errors = 0;  // propose calls that failed (no drafts that step)
+  // Adaptive drafts: sequence-steps the cost model gave no drafts, and whether in the last
+  // step it gave none to any sequence that could have drafted (speculation auto-off).
+  uint64_t num_draft_skips = 0;
+  bool speculation_off = false;
   double draft_seconds = 0;         // in Drafter::propose
   double verify_seconds = 0;        // forward + sampling of steps that verified drafts
   // Steps that ended in an error from a plugin (their requests failed, the engine went on).
@@ -151,6 +159,7 @@ class Engine {
   Status forward();
   void sample_batch();
   void propose_drafts();
+  void adapt_draft_lengths();  // adaptive_drafts: cut or drop each candidate's drafts
   void release_finished();
   void publish_stats();
 
@@ -199,6 +208,8 @@ class Engine {
   std::vector<DraftRequest> draft_requests_;
   std::vector<Sequence*> draft_sequences_;
   bool batch_has_drafts_ = false;
+  StepTimeModel step_times_;  // forward + sampling seconds against tokens fed
+  AcceptanceEstimate acceptance_;  // of every sequence's drafts: the prior of each sequence's
   EngineStats stats_;
 
   // Cross-thread inbox.

@@ -19,6 +19,9 @@ const ParamSpec kParams[] = {
      32},
     {"min_ngram", ParamType::kInt, "2", "shortest suffix that may be matched", 1, 64},
     {"max_ngram", ParamType::kInt, "4", "longest suffix tried (the longest match wins)", 1, 64},
+    {"adaptive", ParamType::kBool, "true",
+     "the engine fits each sequence's draft count to its acceptance and the measured step cost, "
+     "down to none when verification costs more than it saves"},
 };
 
 // Where the continuation of the best earlier match of `tokens`' suffix starts, or -1. Best:
