@@ -238,7 +238,7 @@ TEST_CASE("a created sampler works and keeps its library loaded after the regist
   std::vector<std::span<float>> rows = {r0, r1, r2};
   std::vector<TokenId> drafts = {1, 2};
   std::vector<SampledToken> out;
-  REQUIRE(sampler->verify(rows, drafts, input, &state, &out).is_ok());
+  REQUIRE(sampler->verify(rows, DraftView{drafts, {}}, input, &state, &out).is_ok());
   REQUIRE(out.size() == 2);
   CHECK(out[0].token == 1);
   CHECK(out[1].token == 0);
