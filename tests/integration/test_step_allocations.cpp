@@ -147,11 +147,12 @@ TEST_CASE("decode steps allocate nothing once the batch is running") {
                                     "  attention: {plugin: naive}\n",
                                     4, 24) == 0);
   // Speculative decoding: drafts proposed, verified and rolled back every step. A step can
-  // emit up to 5 tokens, so the sequences are longer; rehearsed (see above).
+  // emit up to 5 tokens, so the sequences are longer; rehearsed (see above). adaptive: false,
+  // so the drafts do not follow step times and the rehearsal is an exact replay.
   CHECK(allocations_in_steady_state("chunked-paged-ngram",
                                     "  scheduler: {plugin: chunked-prefill, chunk_size: 32}\n"
                                     "  kv_cache: {plugin: paged, block_size: 8, memory: 64MiB}\n"
                                     "  attention: {plugin: flash}\n"
-                                    "  drafter: {plugin: ngram, num_draft_tokens: 4, min_ngram: 1, max_ngram: 3}\n",
+                                    "  drafter: {plugin: ngram, num_draft_tokens: 4, min_ngram: 1, max_ngram: 3, adaptive: false}\n",
                                     8, 24, 200, /*rehearse=*/true) == 0);
 }
