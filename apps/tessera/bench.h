@@ -109,6 +109,8 @@ struct RunResult {
   double mean_kv_waste = 0;   // over steps with sequences live: 1 - filled / reserved slots
   uint64_t steps = 0, preemptions = 0;
   int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
+  // Speculative decoding (EngineStats): verifications, draft tokens verified, accepted.
+  uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
 };
 
 using ProgressFn = std::function<void(size_t done, size_t total)>;

@@ -310,6 +310,9 @@ RunResult run_workload(Engine& engine, const Workload& w, double block_bytes, co
   result.kv_blocks_total = s.kv.num_blocks;
   result.prefix_hit_tokens = s.kv.prefix_hit_tokens;
   result.prefix_query_tokens = s.kv.prefix_query_tokens;
+  result.spec_drafts = s.num_drafts;
+  result.spec_draft_tokens = s.num_draft_tokens;
+  result.spec_accepted_tokens = s.num_accepted_draft_tokens;
   return result;
 }
 
@@ -368,6 +371,14 @@ nlohmann::json run_metrics(const RunResult& r) {
   m["prefix_hit_rate"] = r.prefix_query_tokens > 0
                              ? static_cast<double>(r.prefix_hit_tokens) / r.prefix_query_tokens : 0;
   m["cached_prompt_tokens"] = cached;
+  if (r.spec_drafts > 0) {
+    m["spec_draft_tokens"] = r.spec_draft_tokens;
+    m["spec_accepted_tokens"] = r.spec_accepted_tokens;
+    m["spec_acceptance_rate"] = static_cast<double>(r.spec_accepted_tokens) / static_cast<double>(r.spec_draft_tokens);
+    // Tokens per verification (1 + accepted drafts), vLLM's mean acceptance length.
+    m["spec_mean_acceptance_length"] =
+        1.0 + static_cast<double>(r.spec_accepted_tokens) / static_cast<double>(r.spec_drafts);
+  }
   return m;
 }
 

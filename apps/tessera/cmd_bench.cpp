@@ -223,7 +223,8 @@ struct AbOptions {
 bool shown_in_ab_table(const std::string& k) {
   static const char* kShown[] = {"output_tokens_per_s", "requests_per_s", "ttft_p50_ms", "ttft_p99_ms",
                                  "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms", "peak_running", "mean_running",
-                                 "mean_kv_waste", "peak_kv_used_mib", "kv_pool_mib", "prefix_hit_rate", "preemptions"};
+                                 "mean_kv_waste", "peak_kv_used_mib", "kv_pool_mib", "prefix_hit_rate", "preemptions",
+                                 "spec_acceptance_rate", "spec_mean_acceptance_length"};
   const auto dot = k.find('.');
   const std::string base = dot == std::string::npos ? k : k.substr(dot + 1);
   if (dot != std::string::npos) return base == "ttft_p50_ms" || base == "itl_p99_ms" || base == "tpot_p50_ms";

@@ -33,6 +33,8 @@ struct PromptJob {
   std::string error;
   RequestTimings timings;
   int32_t cached_prompt_tokens = 0;
+  int32_t draft_tokens = 0;           // speculative decoding: drafts verified
+  int32_t accepted_draft_tokens = 0;  // and of them accepted
   bool done = false;
 };
 
@@ -96,6 +98,8 @@ nlohmann::json job_to_json(const PromptJob& job) {
   j["finish_reason"] = finish_reason_name(job.finish_reason);
   if (!job.error.empty()) j["error"] = job.error;
   j["cached_prompt_tokens"] = job.cached_prompt_tokens;
+  if (job.draft_tokens > 0)
+    j["speculative"] = {{"draft_tokens", job.draft_tokens}, {"accepted_tokens", job.accepted_draft_tokens}};
   const auto& t = job.timings;
   j["timings"] = {{"queue_s", t.queue_time()}, {"ttft_s", t.ttft()}, {"tpot_s", t.tpot()},
                   {"e2e_s", t.end_to_end()}, {"itl_s", t.inter_token_latencies()}};
@@ -155,6 +159,8 @@ void run_generate(const GenerateOptions& opt) {
         if (!ev.error.is_ok()) jp->error = ev.error.message();
         jp->timings = *ev.timings;
         jp->cached_prompt_tokens = ev.num_cached_prompt_tokens;
+        jp->draft_tokens = ev.num_draft_tokens;
+        jp->accepted_draft_tokens = ev.num_accepted_draft_tokens;
         jp->done = true;
       }
     };
@@ -202,6 +208,9 @@ void run_generate(const GenerateOptions& opt) {
   else
     std::fprintf(stderr, "%zu requests, %zu output tokens in %.2f s (%.2f tokens/s)\n", jobs.size(),
                  out_tokens, secs, secs > 0 ? out_tokens / secs : 0.0);
+  if (stream && jobs[0].draft_tokens > 0)
+    std::fprintf(stderr, "speculative: %d of %d draft tokens accepted (%.1f%%)\n", jobs[0].accepted_draft_tokens,
+                 jobs[0].draft_tokens, 100.0 * jobs[0].accepted_draft_tokens / jobs[0].draft_tokens);
   // A single prompt that failed is the command's failure; in batch mode the JSON says it.
   if (stream && jobs[0].finish_reason == FinishReason::kError) throw CommandError(jobs[0].error);
   if (num_failed > 0) std::fprintf(stderr, "%zu of %zu requests were rejected\n", num_failed, jobs.size());

@@ -32,6 +32,10 @@ struct Engine::Sequence {
   int32_t pending_forks = 0;    // children to fork when the prompt is done (n > 1)
   int32_t num_cached_prompt_tokens = 0;
   SamplerState sampler_state;
+  Draft draft;                   // the pending drafts (tokens also at the end of `tokens`)
+  AcceptanceEstimate acceptance;  // of this sequence's drafts, for adaptive drafting
+  int32_t num_draft_tokens_fed = 0;      // for GenerationEvent
+  int32_t num_draft_tokens_accepted = 0;
   RequestTimings timings;
   bool finished = false;
   bool finish_reported = false;  // the finished event has been delivered
@@ -39,9 +43,10 @@ struct Engine::Sequence {
   Status finish_error;
 
   void sync_view() { info.tokens = std::span<const TokenId>(tokens.data(), tokens.size()); }
-  void drop_drafts() {
-    tokens.resize(tokens.size() - info.num_draft_tokens);
-    info.num_draft_tokens = 0;
+  // Takes the last `n` drafts off the token vector (they stay in `draft` until cleared).
+  void drop_drafts(int32_t n) {
+    tokens.resize(tokens.size() - n);
+    info.num_draft_tokens -= n;
     sync_view();
   }
 };
@@ -66,6 +71,9 @@ Engine::Engine(EngineComponents components) : components_(std::move(components))
   auto& c = components_;
   if (!c.model || !c.backend || !c.quantizer || !c.scheduler || !c.kv_cache || !c.attention || !c.sampler)
     throw std::runtime_error("engine: every component except the drafter is required");
+  if (c.drafter && (c.num_draft_tokens < 0 || c.num_draft_tokens > kMaxDraftTokens))
+    throw std::runtime_error("engine.drafter.num_draft_tokens: must be in 0.." +
+                             std::to_string(kMaxDraftTokens) + ", got " + std::to_string(c.num_draft_tokens));
   const ModelHparams& hp = c.model->hparams();
   max_context_ = c.max_context > 0 ? c.max_context : std::min(hp.context_length, 4096);
   KvModelShape shape{hp.num_layers, hp.num_kv_heads, hp.head_dim, max_context_,
@@ -84,6 +92,15 @@ Engine::Engine(EngineComponents components) : components_(std::move(components))
   if (!runner_)
     runner_ = std::make_unique<ModelRunner>(*c.model, *c.backend, *c.quantizer, *c.attention,
                                             kv_layout_, c.scheduler->max_batch_tokens());
+  // Per-step scratch at its largest up front: steady-state steps do not allocate.
+  const size_t max_seqs = static_cast<size_t>(c.scheduler->max_num_seqs());
+  runner_batch_.reserve(max_seqs);
+  batch_sequences_.reserve(max_seqs);
+  sampled_.reserve(kMaxDraftTokens + 1);
+  emitted_.reserve(kMaxDraftTokens + 1);
+  verify_rows_.reserve(kMaxDraftTokens + 1);
+  draft_requests_.reserve(max_seqs);
+  draft_sequences_.reserve(max_seqs);
 }
 
 Engine::~Engine() { stop(); }
@@ -153,6 +170,7 @@ void Engine::drain_inbox() {
     seq->sync_view();
     seq->pending_forks = r->spec.n - 1;
     seq->sampler_state.rng = seed_for(r->spec.params, r->id, 0);
+    seq->draft.tokens.reserve(components_.num_draft_tokens);
     seq->timings.arrival = t;
     // One time stamp per generated token; reserved so decode steps never grow it.
     seq->timings.token_times.reserve(r->spec.params.max_tokens + components_.num_draft_tokens + 1);
@@ -192,6 +210,8 @@ void Engine::emit(Sequence& seq, std::vector<SampledToken>& tokens) {
   if (report_finish) ev.error = seq.finish_error;
   ev.num_prompt_tokens = seq.info.num_prompt_tokens;
   ev.num_cached_prompt_tokens = seq.num_cached_prompt_tokens;
+  ev.num_draft_tokens = seq.num_draft_tokens_fed;
+  ev.num_accepted_draft_tokens = seq.num_draft_tokens_accepted;
   ev.timings = &seq.timings;
   seq.request->spec.on_event(ev);
   tokens = std::move(ev.tokens);
@@ -246,6 +266,7 @@ void Engine::fork_children(Sequence& parent) {
     child->sync_view();
     child->num_cached_prompt_tokens = parent.num_cached_prompt_tokens;
     child->sampler_state.rng = seed_for(parent.request->spec.params, parent.info.request_id, c);
+    child->draft.tokens.reserve(components_.num_draft_tokens);
     child->timings = parent.timings;
     child->timings.token_times.reserve(parent.timings.token_times.capacity());
     Status st = components_.kv_cache->fork(parent.info.id, child->info.id);
@@ -261,33 +282,78 @@ void Engine::fork_children(Sequence& parent) {
   parent.pending_forks = 0;
 }
 
+// One step: drain → schedule → apply the plan → build the batch → forward → sample or
+// verify, commit → draft → release. A plugin error (a non-OK status from the scheduler, an
+// exception from any plugin or the runner) ends that step's requests with kError and the
+// message; the engine thread goes on serving.
 bool Engine::step() {
   drain_inbox();
-  auto& c = components_;
-  plan_.clear();
-  Status st = c.scheduler->schedule(*c.kv_cache, now(), &plan_);
-  if (!st.is_ok()) throw std::runtime_error("scheduler: " + st.message());
+  bool did_work = true;
+  try {
+    did_work = run_phases();
+  } catch (const std::exception& e) {
+    fail_step(internal_error(std::string("engine step: ") + e.what()));
+  } catch (...) {
+    fail_step(internal_error("engine step: unknown exception"));
+  }
+  release_finished();
+  publish_stats();
+  return did_work;
+}
 
+bool Engine::run_phases() {
+  runner_batch_.clear();
+  batch_sequences_.clear();
+  Status st = schedule();
+  if (!st.is_ok()) {
+    fail_step(st);
+    return true;
+  }
+  apply_plan();
+  build_batch();
+  const bool did_work = !runner_batch_.empty() || !plan_.rejected.empty() || !finished_.empty();
+  if (!runner_batch_.empty()) {
+    const double t0 = now();
+    st = forward();
+    if (st.is_ok()) sample_batch();
+    else
+      for (Sequence* seq : batch_sequences_) finish(*seq, FinishReason::kError, st);
+    const double seconds = now() - t0;
+    if (batch_has_drafts_) stats_.verify_seconds += seconds;
+    step_times_.record(stats_.last_batch_tokens, seconds);
+  }
+  if (components_.drafter && components_.num_draft_tokens > 0) propose_drafts();
+  return did_work;
+}
+
+Status Engine::schedule() {
+  plan_.clear();
+  Status st = components_.scheduler->schedule(*components_.kv_cache, now(), &plan_);
+  if (!st.is_ok()) return Status(st.code(), "scheduler: " + st.message());
+  return st;
+}
+
+void Engine::apply_plan() {
   for (const RejectedSequence& r : plan_.rejected)
     if (Sequence* s = find_sequence(r.id)) finish(*s, FinishReason::kError, r.reason);
   for (SeqId id : plan_.preempted) {
     Sequence* s = find_sequence(id);
     if (!s) continue;
     // Recompute on resume: the prompt and everything generated so far is fed again.
-    s->drop_drafts();
+    discard_drafts(*s, s->info.num_draft_tokens);
     s->info.num_computed_tokens = 0;
     s->info.status = SequenceStatus::kWaiting;
     ++s->info.num_preemptions;
     ++stats_.num_preemptions;
   }
-
+  // Copy-on-write after forks, before anything is written this step.
   block_copies_.clear();
-  c.kv_cache->take_block_copies(&block_copies_);
+  components_.kv_cache->take_block_copies(&block_copies_);
   if (!block_copies_.empty()) runner_->copy_blocks(block_copies_);
+}
 
-  runner_batch_.clear();
-  batch_sequences_.clear();
-  int32_t batch_tokens = 0;
+void Engine::build_batch() {
+  batch_has_drafts_ = false;
   const double t = now();
   for (const ScheduledSequence& s : plan_.scheduled) {
     Sequence* seq = find_sequence(s.id);
@@ -303,158 +369,278 @@ bool Engine::step() {
     // Drafts the scheduler did not fit into this step are dropped: verification needs every
     // draft of the sequence fed in one step.
     const int32_t unfed = seq->info.num_tokens() - (start + s.num_new_tokens);
-    if (seq->info.num_draft_tokens > 0 && unfed > 0) {
-      const int32_t drop = std::min(unfed, seq->info.num_draft_tokens);
-      seq->tokens.resize(seq->tokens.size() - drop);
-      seq->info.num_draft_tokens -= drop;
-      seq->sync_view();
-    }
+    if (unfed > 0 && seq->info.num_draft_tokens > 0)
+      discard_drafts(*seq, std::min(unfed, seq->info.num_draft_tokens));
     const bool reaches_end = start + s.num_new_tokens == seq->info.num_tokens();
     RunnerSequence rs;
     rs.tokens = seq->tokens.data() + start;
     rs.num_tokens = s.num_new_tokens;
     rs.start_position = start;
-    rs.block_table = c.kv_cache->block_table(seq->info.id);
+    rs.block_table = components_.kv_cache->block_table(seq->info.id);
+    // Only rows that will be sampled get logits: 1 + k for a sequence verifying k drafts.
     rs.num_logit_rows = reaches_end ? 1 + seq->info.num_draft_tokens : 0;
+    batch_has_drafts_ |= reaches_end && seq->info.num_draft_tokens > 0;
     runner_batch_.push_back(rs);
     batch_sequences_.push_back(seq);
-    batch_tokens += s.num_new_tokens;
   }
+}
 
-  const bool did_work = !runner_batch_.empty() || !plan_.rejected.empty() || !finished_.empty();
-  if (!runner_batch_.empty()) {
-    st = runner_->forward(runner_batch_, &logits_);
-    if (!st.is_ok()) {
-      for (Sequence* seq : batch_sequences_) finish(*seq, FinishReason::kError, st);
-    } else {
-      const int32_t vocab = runner_->vocab_size();
-      size_t row = 0;
-      for (size_t i = 0; i < batch_sequences_.size(); ++i) {
-        Sequence& seq = *batch_sequences_[i];
-        const RunnerSequence& rs = runner_batch_[i];
-        if (seq.finished) { row += rs.num_logit_rows; continue; }  // defensive: ended earlier this step
-        if (rs.num_logit_rows == 0) {
-          seq.info.num_computed_tokens += rs.num_tokens;
-          c.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
-          continue;
-        }
-        const SamplingParams& p = seq.request->spec.params;
-        const int32_t num_drafts = seq.info.num_draft_tokens;
-        float* first_row = logits_.data() + row * vocab;
-        row += rs.num_logit_rows;
-        if (seq.pending_forks > 0) {
-          // The prompt is done: children share its KV and sample from copies of this row.
-          seq.info.num_computed_tokens += rs.num_tokens;
-          c.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
-          const int32_t forks = seq.pending_forks;
-          const SeqId first_child = next_seq_id_;
-          fork_children(seq);
-          for (int32_t k = 0; k < forks; ++k) {
-            Sequence* child = find_sequence(first_child + k);
-            if (!child || child->finished) continue;
-            std::vector<float> row_copy(first_row, first_row + vocab);
-            SampledToken tok;
-            SamplingInput in{&p, child->info.tokens};
-            Status ss = c.sampler->sample(row_copy, in, &child->sampler_state, &tok);
-            if (!ss.is_ok()) { finish(*child, FinishReason::kError, ss); continue; }
-            emitted_.clear();
-            append_token(*child, tok, &emitted_);
-            emit(*child, emitted_);
-          }
-          SampledToken tok;
-          SamplingInput in{&p, seq.info.tokens};
-          Status ss = c.sampler->sample(std::span<float>(first_row, vocab), in, &seq.sampler_state, &tok);
-          if (!ss.is_ok()) { finish(seq, FinishReason::kError, ss); continue; }
-          emitted_.clear();
-          append_token(seq, tok, &emitted_);
-          emit(seq, emitted_);
-          continue;
-        }
-        std::vector<SampledToken>& sampled = sampled_;
-        sampled.clear();
-        Status ss;
-        if (num_drafts == 0) {
-          SampledToken tok;
-          SamplingInput in{&p, seq.info.tokens};
-          ss = c.sampler->sample(std::span<float>(first_row, vocab), in, &seq.sampler_state, &tok);
-          sampled.push_back(std::move(tok));
-          seq.info.num_computed_tokens += rs.num_tokens;
-        } else {
-          std::vector<TokenId>& drafts = drafts_;
-          drafts.assign(seq.tokens.end() - num_drafts, seq.tokens.end());
-          seq.drop_drafts();
-          std::vector<std::span<float>>& rows = verify_rows_;
-          rows.clear();
-          for (int32_t k = 0; k <= num_drafts; ++k)
-            rows.emplace_back(first_row + static_cast<size_t>(k) * vocab, vocab);
-          SamplingInput in{&p, seq.info.tokens};
-          ss = c.sampler->verify(rows, drafts, in, &seq.sampler_state, &sampled);
-          const int32_t accepted = static_cast<int32_t>(sampled.size()) - 1;
-          stats_.num_draft_tokens += num_drafts;
-          stats_.num_accepted_draft_tokens += std::max(0, accepted);
-          // K/V is valid for the fed token and the accepted drafts only.
-          seq.info.num_computed_tokens += rs.num_tokens - num_drafts + std::max(0, accepted);
-        }
-        c.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
-        if (!ss.is_ok()) { finish(seq, FinishReason::kError, ss); continue; }
-        emitted_.clear();
-        for (const SampledToken& tok : sampled) {
-          append_token(seq, tok, &emitted_);
-          if (seq.finished) break;
-        }
-        // Tokens and, when the sequence ended, its finish reason in one event.
-        emit(seq, emitted_);
-      }
+Status Engine::forward() {
+  int32_t batch_tokens = 0;
+  for (const RunnerSequence& rs : runner_batch_) batch_tokens += rs.num_tokens;
+  ++stats_.num_steps;
+  stats_.num_batch_tokens += batch_tokens;
+  stats_.last_batch_size = static_cast<int32_t>(runner_batch_.size());
+  stats_.last_batch_tokens = batch_tokens;
+  return runner_->forward(runner_batch_, &logits_);
+}
+
+void Engine::sample_batch() {
+  const size_t vocab = static_cast<size_t>(runner_->vocab_size());
+  size_t row = 0;
+  for (size_t i = 0; i < batch_sequences_.size(); ++i) {
+    Sequence& seq = *batch_sequences_[i];
+    const RunnerSequence& rs = runner_batch_[i];
+    float* first_row = logits_.data() + row * vocab;
+    row += rs.num_logit_rows;
+    if (seq.finished) continue;  // ended earlier this step (cancelled, rejected)
+    if (rs.num_logit_rows == 0) {
+      // A prompt chunk short of the prompt's end: nothing to sample.
+      seq.info.num_computed_tokens += rs.num_tokens;
+      components_.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
+      continue;
     }
-    ++stats_.num_steps;
-    stats_.num_batch_tokens += batch_tokens;
-    stats_.last_batch_size = static_cast<int32_t>(runner_batch_.size());
-    stats_.last_batch_tokens = batch_tokens;
+    sample_sequence(seq, rs.num_tokens, first_row);
   }
-  if (c.drafter && c.num_draft_tokens > 0) propose_drafts();
-  release_finished();
-  {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    stats_.num_running = c.scheduler->num_running();
-    stats_.num_waiting = c.scheduler->num_waiting();
-    stats_.kv = c.kv_cache->stats();
-    published_stats_ = stats_;
+}
+
+void Engine::sample_sequence(Sequence& seq, int32_t num_fed, float* first_row) {
+  if (seq.pending_forks > 0) {
+    // The prompt is done: children share its KV and sample from copies of this row.
+    seq.info.num_computed_tokens += num_fed;
+    components_.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
+    num_fed = 0;
+    const size_t vocab = static_cast<size_t>(runner_->vocab_size());
+    const int32_t forks = seq.pending_forks;
+    const SeqId first_child = next_seq_id_;
+    fork_children(seq);
+    for (int32_t k = 0; k < forks; ++k) {
+      Sequence* child = find_sequence(first_child + k);
+      if (!child || child->finished) continue;
+      fork_row_.assign(first_row, first_row + vocab);
+      sampled_.clear();
+      const Status st = guarded_pick(*child, fork_row_.data());
+      commit(*child, 0, st, sampled_);
+    }
   }
-  return did_work;
+  const int32_t num_drafts = seq.info.num_draft_tokens;
+  sampled_.clear();
+  const Status st = guarded_pick(seq, first_row);
+  // K/V is valid for the fed tokens up to the last one plus the accepted drafts only.
+  const int32_t accepted = num_drafts > 0 ? static_cast<int32_t>(sampled_.size()) - 1 : 0;
+  commit(seq, num_fed - num_drafts + std::max(0, accepted), st, sampled_);
+  // Roll the rejected drafts' slots back.
+  if (num_drafts > 0 && !seq.finished) components_.kv_cache->truncate(seq.info, seq.info.num_tokens());
+}
+
+// A sampler (or drafter) exception fails this sequence only, like an error status.
+Status Engine::guarded_pick(Sequence& seq, float* first_row) {
+  try {
+    return pick_tokens(seq, first_row, &sampled_);
+  } catch (const std::exception& e) {
+    return internal_error(std::string("sampler: ") + e.what());
+  }
+}
+
+Status Engine::pick_tokens(Sequence& seq, float* first_row, std::vector<SampledToken>* out) {
+  const SamplingParams& p = seq.request->spec.params;
+  const int32_t vocab = runner_->vocab_size();
+  const int32_t num_drafts = seq.info.num_draft_tokens;
+  if (num_drafts == 0) {
+    out->emplace_back();
+    SamplingInput in{&p, seq.info.tokens};
+    return components_.sampler->sample(std::span<float>(first_row, vocab), in, &seq.sampler_state,
+                                       &out->back());
+  }
+  seq.drop_drafts(num_drafts);
+  verify_rows_.clear();
+  for (int32_t k = 0; k <= num_drafts; ++k)
+    verify_rows_.emplace_back(first_row + static_cast<size_t>(k) * vocab, vocab);
+  const DraftView drafts{seq.draft.tokens, seq.draft.q};
+  SamplingInput in{&p, seq.info.tokens};
+  Status st = components_.sampler->verify(verify_rows_, drafts, in, &seq.sampler_state, out);
+  if (st.is_ok() && (out->empty() || out->size() > static_cast<size_t>(num_drafts) + 1))
+    st = internal_error("sampler: verify of " + std::to_string(num_drafts) + " drafts returned " +
+                        std::to_string(out->size()) + " tokens (expected 1.." +
+                        std::to_string(num_drafts + 1) + ")");
+  const int32_t accepted = st.is_ok() ? static_cast<int32_t>(out->size()) - 1 : 0;
+  ++stats_.num_drafts;
+  stats_.num_draft_tokens += num_drafts;
+  stats_.num_accepted_draft_tokens += accepted;
+  for (int32_t i = 0; i < accepted; ++i) ++stats_.num_accepted_tokens_per_pos[i];
+  seq.acceptance.record(num_drafts, accepted);
+  acceptance_.record(num_drafts, accepted);
+  seq.num_draft_tokens_fed += num_drafts;
+  seq.num_draft_tokens_accepted += accepted;
+  components_.drafter->on_drafts_settled(seq.info.id, num_drafts, accepted);
+  seq.draft.clear();
+  return st;
+}
+
+void Engine::commit(Sequence& seq, int32_t num_newly_computed, const Status& status,
+                    std::vector<SampledToken>& tokens) {
+  seq.info.num_computed_tokens += num_newly_computed;
+  if (!status.is_ok()) {
+    finish(seq, FinishReason::kError, status);
+    return;
+  }
+  emitted_.clear();
+  for (const SampledToken& tok : tokens) {
+    append_token(seq, tok, &emitted_);
+    if (seq.finished) break;  // EOS, a stop token or a limit inside accepted drafts
+  }
+  // Accepted drafts after an end are not part of the sequence: their K/V does not count.
+  seq.info.num_computed_tokens = std::min(seq.info.num_computed_tokens, seq.info.num_tokens());
+  components_.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
+  // Tokens and, when the sequence ended, its finish reason in one event.
+  emit(seq, emitted_);
+}
+
+void Engine::discard_drafts(Sequence& seq, int32_t num_to_drop) {
+  if (num_to_drop <= 0) return;
+  const int32_t proposed = seq.info.num_draft_tokens;
+  seq.drop_drafts(num_to_drop);
+  if (seq.info.num_draft_tokens == 0) {
+    seq.draft.clear();
+    components_.drafter->on_drafts_settled(seq.info.id, proposed, 0);
+  } else {
+    // The fed prefix of the drafts stays to be verified; q rows past it go.
+    seq.draft.tokens.resize(seq.info.num_draft_tokens);
+    if (!seq.draft.q.empty())
+      seq.draft.q.resize(static_cast<size_t>(seq.info.num_draft_tokens) * runner_->vocab_size());
+  }
+}
+
+void Engine::fail_step(const Status& error) {
+  ++stats_.num_step_errors;
+  if (!batch_sequences_.empty()) {
+    for (Sequence* seq : batch_sequences_) finish(*seq, FinishReason::kError, error);
+    return;
+  }
+  for (auto& [id, seq] : sequences_) finish(*seq, FinishReason::kError, error);
 }
 
 void Engine::propose_drafts() {
-  std::vector<TokenId>& drafts = drafts_;
+  const int32_t vocab = runner_->vocab_size();
+  draft_requests_.clear();
+  draft_sequences_.clear();
   for (Sequence* seq : batch_sequences_) {
     if (seq->finished || seq->info.is_prefill() || seq->info.num_draft_tokens > 0) continue;
     const int32_t room = std::min(components_.num_draft_tokens,
                                   std::min(seq->info.max_new_tokens - seq->info.num_generated() - 1,
                                            max_context_ - seq->info.num_tokens() - 1));
     if (room <= 0) continue;
-    drafts.clear();
-    Status st = components_.drafter->propose(seq->info, room, &drafts);
-    if (!st.is_ok() || drafts.empty()) continue;
-    drafts.resize(std::min<size_t>(drafts.size(), room));
-    seq->tokens.insert(seq->tokens.end(), drafts.begin(), drafts.end());
-    seq->info.num_draft_tokens = static_cast<int32_t>(drafts.size());
-    seq->sync_view();
+    seq->draft.clear();
+    draft_requests_.push_back({&seq->info, room, &seq->draft});
+    draft_sequences_.push_back(seq);
+  }
+  if (components_.adaptive_drafts) adapt_draft_lengths();
+  if (draft_requests_.empty()) return;
+  const double t0 = now();
+  Status st;
+  try {
+    st = components_.drafter->propose(draft_requests_);
+  } catch (const std::exception& e) {
+    st = internal_error(std::string("drafter: ") + e.what());
+  }
+  stats_.draft_seconds += now() - t0;
+  if (!st.is_ok()) ++stats_.num_drafter_errors;
+  for (size_t i = 0; i < draft_requests_.size(); ++i) {
+    Sequence& seq = *draft_sequences_[i];
+    Draft& d = seq.draft;
+    if (d.tokens.size() > static_cast<size_t>(draft_requests_[i].max_drafts))
+      d.tokens.resize(draft_requests_[i].max_drafts);
+    // A failed call, or q rows that do not match the tokens: no drafts for this sequence.
+    const bool bad_q = !d.q.empty() && d.q.size() < d.tokens.size() * static_cast<size_t>(vocab);
+    bool bad_token = false;
+    for (TokenId t : d.tokens) bad_token |= t < 0 || t >= vocab;
+    if (!st.is_ok() || bad_q || bad_token || d.tokens.empty()) {
+      if (!d.tokens.empty()) components_.drafter->on_drafts_settled(seq.info.id, static_cast<int32_t>(d.tokens.size()), 0);
+      d.clear();
+      continue;
+    }
+    if (!d.q.empty()) d.q.resize(d.tokens.size() * static_cast<size_t>(vocab));
+    seq.tokens.insert(seq.tokens.end(), d.tokens.begin(), d.tokens.end());
+    seq.info.num_draft_tokens = static_cast<int32_t>(d.tokens.size());
+    seq.sync_view();
   }
 }
 
+// Each candidate's max_drafts becomes what pays for it (tessera/speculation_control.h), in a
+// step of as many decode rows as there are candidates; those given none are left out.
+void Engine::adapt_draft_lengths() {
+  const size_t num_candidates = draft_requests_.size();
+  if (num_candidates == 0 || !step_times_.has_data()) return;
+  const auto rows = static_cast<int32_t>(num_candidates);
+  const double step_seconds = step_times_.seconds_for(rows);
+  const double row_seconds = step_times_.seconds_per_extra_token();
+  size_t kept = 0;
+  for (size_t i = 0; i < num_candidates; ++i) {
+    Sequence* seq = draft_sequences_[i];
+    // A seeded sampled request keeps its drafts: how many there are decides how its random
+    // stream is consumed, and a count that followed step times would make it irreproducible.
+    const SamplingParams& p = seq->request->spec.params;
+    if (p.has_seed && !p.is_greedy()) {
+      draft_requests_[kept] = draft_requests_[i];
+      draft_sequences_[kept++] = seq;
+      continue;
+    }
+    const int32_t k = choose_num_drafts(seq->acceptance.alpha(acceptance_.alpha()), draft_requests_[i].max_drafts,
+                                        rows, step_seconds, row_seconds);
+    if (k == 0) {
+      seq->acceptance.age();  // so that it is tried again later
+      ++stats_.num_draft_skips;
+      continue;
+    }
+    draft_requests_[kept] = draft_requests_[i];
+    draft_requests_[kept].max_drafts = k;
+    draft_sequences_[kept] = seq;
+    ++kept;
+  }
+  stats_.speculation_off = kept == 0;
+  draft_requests_.resize(kept);
+  draft_sequences_.resize(kept);
+}
+
 void Engine::release_finished() {
+  // Each release is guarded: a plugin that throws here must not keep the others' blocks.
+  auto guarded = [](auto&& fn) {
+    try {
+      fn();
+    } catch (...) {
+    }
+  };
   for (SeqId id : finished_) {
     auto it = sequences_.find(id);
     if (it == sequences_.end()) continue;
-    Sequence& seq = *it->second;
-    components_.scheduler->remove(id);
-    components_.kv_cache->free(id);
-    if (components_.drafter) components_.drafter->forget(id);
+    guarded([&] { components_.scheduler->remove(id); });
+    guarded([&] { components_.kv_cache->free(id); });
+    if (components_.drafter) guarded([&] { components_.drafter->forget(id); });
     ++stats_.num_finished;
-    auto req = seq.request;
+    auto req = it->second->request;
     sequences_.erase(it);
     if (--req->num_open <= 0) requests_.erase(req->id);
   }
   finished_.clear();
+}
+
+void Engine::publish_stats() {
+  auto& c = components_;
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  stats_.num_running = c.scheduler->num_running();
+  stats_.num_waiting = c.scheduler->num_waiting();
+  stats_.kv = c.kv_cache->stats();
+  published_stats_ = stats_;
 }
 
 void Engine::run_until_idle() {

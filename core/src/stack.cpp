@@ -19,8 +19,8 @@ std::shared_ptr<Interface> create_slot(const StackConfig& config, PluginRegistry
 
 }  // namespace
 
-std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& registry,
-                                     const Model::ProgressFn& progress) {
+EngineComponents build_engine_components(const StackConfig& config, PluginRegistry& registry,
+                                         const Model::ProgressFn& progress) {
   EngineComponents c;
   // model.threads fills in a CPU backend left at threads: 0.
   const PluginSlot& backend_slot = config.engine.at(PluginKind::kBackend);
@@ -40,11 +40,18 @@ std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& 
     c.drafter = create_slot<Drafter>(config, registry, PluginKind::kDrafter);
     c.num_draft_tokens = static_cast<int32_t>(
         config.engine.at(PluginKind::kDrafter).config.get_int("num_draft_tokens", 4));
+    c.adaptive_drafts = config.engine.at(PluginKind::kDrafter).config.get_bool("adaptive", false);
   }
   c.model = Model::load(resolve_model_path(config.model.path), *c.quantizer, progress);
   c.max_context = config.model.context_length;
+  return c;
+}
+
+std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& registry,
+                                     const Model::ProgressFn& progress) {
+  EngineComponents components = build_engine_components(config, registry, progress);
   try {
-    return std::make_unique<Engine>(std::move(c));
+    return std::make_unique<Engine>(std::move(components));
   } catch (const std::bad_alloc&) {
     // The engine's big allocations are the KV cache's: its block table and pools, sized by
     // the byte budget. Say which setting asked for too much instead of a bare bad_alloc.
@@ -52,7 +59,7 @@ std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& 
     static const ParamSpec kMemory{"memory", ParamType::kBytes, nullptr, ""};
     const std::string memory =
         kv.has("memory") ? format_param_value(kMemory, kv.get_int("memory", 0))
-                                : std::string("its default size");
+                         : std::string("its default size");
     throw std::runtime_error("engine.kv_cache.memory: out of memory while allocating a KV cache "
                              "of " + memory + "; lower engine.kv_cache.memory");
   }

@@ -61,10 +61,10 @@ class TypicalSampler final : public Sampler {
   // Greedy requests accept a draft iff it is the argmax. Otherwise each position is sampled
   // from this sampler's distribution and a draft is accepted iff the sample equals it, which
   // leaves the output distribution exactly that of non-speculative sampling.
-  Status verify(std::span<const std::span<float>> logits, std::span<const TokenId> drafts,
+  Status verify(std::span<const std::span<float>> logits, const DraftView& drafts,
                 const SamplingInput& input, SamplerState* state,
                 std::vector<SampledToken>* out) override {
-    if (logits.size() != drafts.size() + 1)
+    if (logits.size() != drafts.tokens.size() + 1)
       return invalid_argument("verify needs one more row of logits than drafts");
     if (!input.params) return invalid_argument("no sampling params");
     for (size_t i = 0; i < logits.size(); ++i) {
@@ -73,7 +73,7 @@ class TypicalSampler final : public Sampler {
       token.token = pick(logits[i], *input.params, state);
       fill_logprobs(logits[i], *input.params, &token);
       out->push_back(std::move(token));
-      if (i < drafts.size() && out->back().token != drafts[i]) break;
+      if (i < drafts.tokens.size() && out->back().token != drafts.tokens[i]) break;
     }
     return Status::ok();
   }

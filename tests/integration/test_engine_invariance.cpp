@@ -4,13 +4,13 @@
 // mid-prefill, n > 1 forks, and bad requests answered alone while the others complete.
 #include <doctest/doctest.h>
 
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "support/greedy_runs.h"
 #include "support/real_model.h"
+#include "support/stacks.h"
 #include "support/test_env.h"
 #include "tessera/config.h"
 #include "tessera/engine.h"
@@ -25,21 +25,8 @@ constexpr int kNewTokens = 12;
 
 // A stack: the default config with `engine_yaml` replacing its engine slots. f32 KV caches,
 // so the naive and flash kernels see the same K/V values.
-struct Stack {
-  std::unique_ptr<PluginRegistry> registry;
-  std::unique_ptr<Engine> engine;
-};
-
-Stack make_stack(const std::string& name, const std::string& engine_yaml) {
-  const auto dir = test::scratch_dir("invariance-" + name);
-  const auto path = dir / "stack.yaml";
-  std::ofstream(path) << "extends: " << (test::source_dir() / "configs/smollm2-cpu.yaml").string()
-                      << "\nengine:\n" << engine_yaml;
-  Stack s;
-  s.registry = std::make_unique<PluginRegistry>();
-  s.registry->scan_directory(test::plugin_dir());
-  s.engine = build_engine(load_stack_config(path.string(), *s.registry), *s.registry);
-  return s;
+test::Stack make_stack(const std::string& name, const std::string& engine_yaml) {
+  return test::make_stack("invariance-" + name, "engine:\n" + engine_yaml);
 }
 
 // 32 prompts of mixed lengths; half share a long system prefix (prefix-cache hits).
@@ -64,11 +51,7 @@ std::vector<std::vector<TokenId>> run(Engine& engine, const std::vector<std::vec
   return test::run_greedy(engine, prompts, kNewTokens);
 }
 
-void check_all_blocks_free(Engine& engine) {
-  const KvStats kv = engine.stats().kv;
-  CHECK(kv.num_used_blocks == 0);
-  CHECK(kv.num_slots_reserved == 0);
-}
+using test::check_all_blocks_free;
 
 }  // namespace
 
@@ -81,7 +64,7 @@ TEST_CASE("greedy output is invariant across schedulers, KV caches, block sizes,
   std::map<std::string, std::vector<std::vector<TokenId>>> alone;
   std::vector<std::vector<TokenId>> prompts;
   for (const char* kernel : {"naive", "flash"}) {
-    Stack s = make_stack(std::string("alone-") + kernel,
+    test::Stack s = make_stack(std::string("alone-") + kernel,
                          "  kv_cache: {plugin: contiguous, memory: 256MiB, dtype: f32}\n"
                          "  attention: {plugin: " + std::string(kernel) + "}\n");
     if (prompts.empty()) prompts = make_prompts(s.engine->model().tokenizer());
@@ -116,7 +99,7 @@ TEST_CASE("greedy output is invariant across schedulers, KV caches, block sizes,
   };
   for (const Variant& v : variants) {
     INFO("stack " << v.name << " with " << v.kernel << " attention");
-    Stack s = make_stack(v.name + "-" + v.kernel, v.yaml + "  attention: {plugin: " + v.kernel + "}\n");
+    test::Stack s = make_stack(v.name + "-" + v.kernel, v.yaml + "  attention: {plugin: " + v.kernel + "}\n");
     const auto out = run(*s.engine, prompts);
     int same = 0;
     for (size_t i = 0; i < prompts.size(); ++i) same += out[i] == alone[v.kernel][i];
@@ -130,7 +113,7 @@ TEST_CASE("greedy output is invariant across schedulers, KV caches, block sizes,
 
 TEST_CASE("cancellation, forks and bad requests leave no KV block behind") {
   if (!test::have_real_model()) return;
-  Stack s = make_stack("lifecycle",
+  test::Stack s = make_stack("lifecycle",
                        "  scheduler: {plugin: chunked-prefill, chunk_size: 16, max_batch_tokens: 48}\n"
                        "  kv_cache: {plugin: paged, block_size: 8, memory: 64MiB, prefix_caching: true}\n");
   Engine& engine = *s.engine;

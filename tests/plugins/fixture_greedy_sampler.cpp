@@ -59,18 +59,18 @@ class GreedySampler final : public Sampler {
     return Status::ok();
   }
 
-  Status verify(std::span<const std::span<float>> logits, std::span<const TokenId> drafts,
+  Status verify(std::span<const std::span<float>> logits, const DraftView& drafts,
                 const SamplingInput& input, SamplerState*,
                 std::vector<SampledToken>* out) override {
-    if (logits.size() != drafts.size() + 1)
+    if (logits.size() != drafts.tokens.size() + 1)
       return invalid_argument("verify needs drafts + 1 rows of logits");
-    for (size_t i = 0; i <= drafts.size(); ++i) {
+    for (size_t i = 0; i <= drafts.tokens.size(); ++i) {
       if (logits[i].empty()) return invalid_argument("empty logits row");
       SampledToken token;
       fill(logits[i], input, &token);
       out->push_back(std::move(token));
       // Greedy acceptance: stop at the first draft that is not the argmax.
-      if (i < drafts.size() && out->back().token != drafts[i]) break;
+      if (i < drafts.tokens.size() && out->back().token != drafts.tokens[i]) break;
     }
     return Status::ok();
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 namespace tessera::server {
 
@@ -144,10 +145,36 @@ std::string ServerMetrics::render(const EngineStats& e) const {
          e.kv.prefix_query_tokens
              ? static_cast<double>(e.kv.prefix_hit_tokens) / static_cast<double>(e.kv.prefix_query_tokens)
              : 0.0);
-  header(&out, "tessera_draft_tokens_total", "counter", "Speculative draft tokens proposed.");
-  sample(&out, "tessera_draft_tokens_total", static_cast<double>(e.num_draft_tokens));
-  header(&out, "tessera_draft_tokens_accepted_total", "counter", "Speculative draft tokens accepted.");
-  sample(&out, "tessera_draft_tokens_accepted_total", static_cast<double>(e.num_accepted_draft_tokens));
+  // Speculative decoding, with vLLM's spec_decode_* names.
+  header(&out, "tessera_spec_decode_num_drafts_total", "counter", "Sequence-steps that verified draft tokens.");
+  sample(&out, "tessera_spec_decode_num_drafts_total", static_cast<double>(e.num_drafts));
+  header(&out, "tessera_spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.");
+  sample(&out, "tessera_spec_decode_num_draft_tokens_total", static_cast<double>(e.num_draft_tokens));
+  header(&out, "tessera_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.");
+  sample(&out, "tessera_spec_decode_num_accepted_tokens_total", static_cast<double>(e.num_accepted_draft_tokens));
+  header(&out, "tessera_spec_decode_num_accepted_tokens_per_pos_total", "counter",
+         "Verifications that accepted the draft at this position (0-based).");
+  for (size_t i = 0; i < e.num_accepted_tokens_per_pos.size() && e.num_accepted_tokens_per_pos[i] > 0; ++i)
+    sample(&out, "tessera_spec_decode_num_accepted_tokens_per_pos_total{position=\"" + std::to_string(i) + "\"}",
+           static_cast<double>(e.num_accepted_tokens_per_pos[i]));
+  header(&out, "tessera_spec_decode_mean_acceptance_length", "gauge",
+         "Tokens produced per verification: 1 + accepted drafts / verifications.");
+  sample(&out, "tessera_spec_decode_mean_acceptance_length",
+         e.num_drafts ? 1.0 + static_cast<double>(e.num_accepted_draft_tokens) / static_cast<double>(e.num_drafts) : 0.0);
+  header(&out, "tessera_spec_decode_draft_seconds_total", "counter", "Time spent proposing drafts.");
+  sample(&out, "tessera_spec_decode_draft_seconds_total", e.draft_seconds);
+  header(&out, "tessera_spec_decode_verify_seconds_total", "counter",
+         "Forward and sampling time of the steps that verified drafts.");
+  sample(&out, "tessera_spec_decode_verify_seconds_total", e.verify_seconds);
+  header(&out, "tessera_spec_decode_skipped_total", "counter",
+         "Sequence-steps the adaptive control gave no drafts (verification would cost more than it saves).");
+  sample(&out, "tessera_spec_decode_skipped_total", static_cast<double>(e.num_draft_skips));
+  header(&out, "tessera_spec_decode_auto_off", "gauge",
+         "1 when the adaptive control gave no sequence drafts in the last drafting step.");
+  sample(&out, "tessera_spec_decode_auto_off", e.speculation_off ? 1.0 : 0.0);
+  header(&out, "tessera_engine_step_errors_total", "counter",
+         "Steps ended by a plugin error (their requests failed, the engine went on).");
+  sample(&out, "tessera_engine_step_errors_total", static_cast<double>(e.num_step_errors));
   return out;
 }
 

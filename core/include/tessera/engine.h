@@ -8,6 +8,7 @@
 // started by start()).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "tessera/model.h"
 #include "tessera/model_runner.h"
 #include "tessera/sdk.h"
+#include "tessera/speculation_control.h"
 
 namespace tessera {
 
@@ -33,7 +35,10 @@ struct EngineComponents {
   std::shared_ptr<AttentionKernel> attention;
   std::shared_ptr<Sampler> sampler;
   std::shared_ptr<Drafter> drafter;  // may be null
-  int32_t num_draft_tokens = 0;      // per step, when a drafter is set
+  int32_t num_draft_tokens = 0;      // per sequence and step at most, when a drafter is set
+  // Adapt each sequence's drafts to its acceptance and the measured step cost, down to none
+  // when verification costs more than it saves (tessera/speculation_control.h).
+  bool adaptive_drafts = false;
   int32_t max_context = 0;           // 0: the model's trained context, capped at 4096
 };
 
@@ -64,6 +69,10 @@ struct GenerationEvent {
   Status error;                       // set when finish_reason == kError
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;  // prefix-cache hits
+  // Speculative decoding, this sample so far: drafts fed for verification and, of them,
+  // the ones accepted.
+  int32_t num_draft_tokens = 0;
+  int32_t num_accepted_draft_tokens = 0;
   const RequestTimings* timings = nullptr;  // valid during the callback
 };
 
@@ -77,6 +86,9 @@ struct GenerationRequest {
   EventCallback on_event;
 };
 
+// Longest draft the engine verifies per sequence and step (num_draft_tokens at most this).
+inline constexpr int32_t kMaxDraftTokens = 32;
+
 struct EngineStats {
   uint64_t num_steps = 0;
   uint64_t num_batch_tokens = 0;   // tokens fed to the model, all steps
@@ -86,8 +98,22 @@ struct EngineStats {
   int32_t last_batch_tokens = 0;
   int32_t num_running = 0;
   int32_t num_waiting = 0;
+  // Speculative decoding, named as vLLM's spec_decode_* counters: sequences-steps that
+  // verified drafts, draft tokens verified, of them accepted, and accepted per position
+  // (position i counts verifications that accepted at least i + 1 drafts).
+  uint64_t num_drafts = 0;
   uint64_t num_draft_tokens = 0;
   uint64_t num_accepted_draft_tokens = 0;
+  std::array<uint64_t, kMaxDraftTokens> num_accepted_tokens_per_pos{};
+  uint64_t num_drafter_errors = 0;  // propose calls that failed (no drafts that step)
+  // Adaptive drafts: sequence-steps the cost model gave no drafts, and whether in the last
+  // step it gave none to any sequence that could have drafted (speculation auto-off).
+  uint64_t num_draft_skips = 0;
+  bool speculation_off = false;
+  double draft_seconds = 0;         // in Drafter::propose
+  double verify_seconds = 0;        // forward + sampling of steps that verified drafts
+  // Steps that ended in an error from a plugin (their requests failed, the engine went on).
+  uint64_t num_step_errors = 0;
   KvStats kv;
 };
 
@@ -124,7 +150,32 @@ class Engine {
   struct Request;
   struct Sequence;
 
+  // The phases of step(), in order.
   void drain_inbox();
+  bool run_phases();  // schedule .. draft; false when there was nothing to do
+  Status schedule();
+  void apply_plan();
+  void build_batch();
+  Status forward();
+  void sample_batch();
+  void propose_drafts();
+  void adapt_draft_lengths();  // adaptive_drafts: cut or drop each candidate's drafts
+  void release_finished();
+  void publish_stats();
+
+  // Ends the step's requests with `error`: the batch's when a batch was built, else every
+  // live sequence (the scheduler failed, so none of them can progress).
+  void fail_step(const Status& error);
+  // Sampling of one batch sequence whose chunk reached its end: sample or verify, then commit.
+  void sample_sequence(Sequence& seq, int32_t num_fed, float* first_row);
+  Status pick_tokens(Sequence& seq, float* first_row, std::vector<SampledToken>* out);
+  Status guarded_pick(Sequence& seq, float* first_row);  // pick_tokens into sampled_
+  // Advances the computed count, appends `tokens` (stopping where the sequence ends), tells
+  // the KV cache and streams the tokens out: the one place a sampled token becomes output.
+  void commit(Sequence& seq, int32_t num_newly_computed, const Status& status,
+              std::vector<SampledToken>& tokens);
+  // Removes pending drafts that will not be verified (the drafter hears 0 accepted).
+  void discard_drafts(Sequence& seq, int32_t num_to_drop);
   // Marks a sequence finished; its blocks are freed at the end of the step. The finished
   // event goes out now, or with the step's tokens when report_now is false.
   void finish(Sequence& seq, FinishReason reason, Status error = {}, bool report_now = true);
@@ -133,8 +184,6 @@ class Engine {
   void emit(Sequence& seq, std::vector<SampledToken>& tokens);
   void append_token(Sequence& seq, const SampledToken& token, std::vector<SampledToken>* emitted);
   void fork_children(Sequence& parent);
-  void propose_drafts();
-  void release_finished();
   Sequence* find_sequence(SeqId id);
 
   EngineComponents components_;
@@ -154,8 +203,13 @@ class Engine {
   std::vector<SeqId> finished_;
   // Per-step scratch, reused so the steady-state step does not allocate.
   std::vector<SampledToken> sampled_, emitted_;
-  std::vector<TokenId> drafts_;
+  std::vector<float> fork_row_;
   std::vector<std::span<float>> verify_rows_;
+  std::vector<DraftRequest> draft_requests_;
+  std::vector<Sequence*> draft_sequences_;
+  bool batch_has_drafts_ = false;
+  StepTimeModel step_times_;  // forward + sampling seconds against tokens fed
+  AcceptanceEstimate acceptance_;  // of every sequence's drafts: the prior of each sequence's
   EngineStats stats_;
 
   // Cross-thread inbox.

@@ -12,6 +12,11 @@
 namespace tessera {
 
 // Throws PluginError / std::runtime_error naming the slot (e.g. "engine.kv_cache: ...").
+// The plugins and the model of `config`'s engine, before they become an Engine (tests wrap
+// a component, e.g. to inject a failing scheduler).
+EngineComponents build_engine_components(const StackConfig& config, PluginRegistry& registry,
+                                         const Model::ProgressFn& progress = {});
+
 std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& registry,
                                      const Model::ProgressFn& progress = {});
 

@@ -59,6 +59,12 @@ class ContiguousKvCache final : public KvCacheManager {
     if (it != sequences_.end()) it->second.num_filled = num_computed;
   }
 
+  // The region covers max_context whatever happens: only the filled count goes back.
+  void truncate(const SequenceInfo& seq, int32_t num_tokens) override {
+    auto it = sequences_.find(seq.id);
+    if (it != sequences_.end()) it->second.num_filled = std::min(it->second.num_filled, num_tokens);
+  }
+
   void free(SeqId id) override {
     auto it = sequences_.find(id);
     if (it == sequences_.end()) return;

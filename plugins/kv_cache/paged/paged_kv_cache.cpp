@@ -167,6 +167,21 @@ class PagedKvCache final : public KvCacheManager {
     }
   }
 
+  void truncate(const SequenceInfo& seq, int32_t num_tokens) override {
+    auto it = sequences_.find(seq.id);
+    if (it == sequences_.end()) return;
+    SeqBlocks& s = it->second;
+    // Blocks wholly past the kept tokens held only rejected drafts: allocated for them this
+    // step, never published (only computed tokens are), so they go back plain.
+    const size_t keep = static_cast<size_t>(
+        std::max<int32_t>(ceil_div(std::max(num_tokens, s.num_attached), block_size_), s.hashes.size()));
+    while (s.table.size() > keep) {
+      pool_.release(s.table.back());
+      s.table.pop_back();
+    }
+    s.num_computed = std::min(s.num_computed, num_tokens);
+  }
+
   void free(SeqId id) override {
     auto it = sequences_.find(id);
     if (it == sequences_.end()) return;

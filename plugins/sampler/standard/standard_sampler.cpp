@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -46,44 +47,64 @@ class StandardSampler final : public Sampler {
     return Status::ok();
   }
 
-  Status verify(std::span<const std::span<float>> logits, std::span<const TokenId> drafts,
+  Status verify(std::span<const std::span<float>> logits, const DraftView& drafts,
                 const SamplingInput& input, SamplerState* state,
                 std::vector<SampledToken>* out) override {
-    if (logits.size() != drafts.size() + 1)
-      return invalid_argument("verify: need one more logits row than drafts");
+    const size_t k = drafts.tokens.size();
+    if (logits.size() != k + 1) return invalid_argument("verify: need one more logits row than drafts");
+    const size_t vocab = logits[0].size();
+    if (!drafts.q.empty() && drafts.q.size() != k * vocab)
+      return invalid_argument("verify: q must hold one vocabulary row per draft (" +
+                              std::to_string(k * vocab) + " floats), got " + std::to_string(drafts.q.size()));
     const SamplingParams& p = *input.params;
-    std::vector<TokenId> history(input.history.begin(), input.history.end());
-    for (size_t i = 0; i <= drafts.size(); ++i) {
-      SamplingInput step{&p, history};
+    // Penalties at draft position i see the history plus the drafts accepted before it; only
+    // then is the history copied (a copy that grows with the sequence would allocate).
+    const bool penalized = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    if (penalized) history_.assign(input.history.begin(), input.history.end());
+    for (size_t i = 0; i <= k; ++i) {
+      SamplingInput step{&p, penalized ? std::span<const TokenId>(history_) : input.history};
       SampledToken token;
       std::span<float> row = logits[i];
       fill_logprobs(row, p.num_logprobs, &token);
       apply_penalties(row, step);
-      if (i == drafts.size()) {
+      if (i == k) {
         // Every draft accepted: the bonus token comes from the last row.
         token.token = p.is_greedy() ? argmax(row) : draw(row, p, state);
       } else if (p.is_greedy()) {
         token.token = argmax(row);
       } else {
-        // Rejection sampling with a deterministic proposal (q = one-hot at the draft):
-        // accept with probability p(draft); otherwise sample from p with the draft removed,
-        // which is the normalized max(p - q, 0). The output distribution equals p.
-        const std::vector<float>& probs = filtered_probs(row, p);
-        const double accept = probs[drafts[i]];
-        if (next_uniform(&state->rng) < accept) {
-          token.token = drafts[i];
-        } else {
-          std::vector<float> residual = probs;
-          residual[drafts[i]] = 0.0f;
-          token.token = draw_from(residual, state);
-        }
+        const std::span<const float> q =
+            drafts.q.empty() ? std::span<const float>() : drafts.q.subspan(i * vocab, vocab);
+        token.token = accept_or_resample(filtered_probs(row, p), drafts.tokens[i], q, state);
       }
       token.logprob = logprob_of(token.token);
       out->push_back(token);
-      if (i == drafts.size() || token.token != drafts[i]) break;
-      history.push_back(token.token);
+      if (i == k || token.token != drafts.tokens[i]) break;
+      if (penalized) history_.push_back(token.token);
     }
     return Status::ok();
+  }
+
+  // Rejection sampling (Leviathan et al.; Chen et al.): keep the draft with probability
+  // min(1, p/q) at it, otherwise draw from norm(max(0, p - q)); the result is distributed as
+  // p whatever q is. An empty q is one-hot at the draft (a deterministic drafter): accept with
+  // probability p(draft), else draw from p without the draft.
+  TokenId accept_or_resample(const std::vector<float>& probs, TokenId draft, std::span<const float> q,
+                             SamplerState* state) {
+    const double p_draft = probs[draft];
+    const double q_draft = q.empty() ? 1.0 : q[draft];
+    const double accept = q_draft > 0 ? std::min(1.0, p_draft / q_draft) : (p_draft > 0 ? 1.0 : 0.0);
+    if (next_uniform(&state->rng) < accept) return draft;
+    residual_.assign(probs.begin(), probs.end());
+    double mass = 0.0;
+    for (size_t t = 0; t < residual_.size(); ++t) {
+      const float qt = q.empty() ? (static_cast<TokenId>(t) == draft ? 1.0f : 0.0f) : q[t];
+      residual_[t] = std::max(0.0f, residual_[t] - qt);
+      mass += residual_[t];
+    }
+    // p <= q everywhere (p == q up to rounding): a rejection is then (almost) impossible, and
+    // p itself is the right fallback.
+    return draw_from(mass > 0 ? residual_ : probs, state);
   }
 
   static Status create(const PluginConfig&, const PluginContext&, std::unique_ptr<Sampler>* out) {
@@ -202,7 +223,8 @@ class StandardSampler final : public Sampler {
 
   // Scratch reused across calls (one sampler serves one engine thread).
   std::vector<Candidate> candidates_;
-  std::vector<float> probs_sorted_, probs_, raw_logits_;
+  std::vector<float> probs_sorted_, probs_, raw_logits_, residual_;
+  std::vector<TokenId> history_;
   std::vector<TokenId> index_;
   std::unordered_map<TokenId, int32_t> counts_;
   float log_norm_ = 0.0f;

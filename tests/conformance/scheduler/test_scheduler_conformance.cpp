@@ -99,6 +99,7 @@ class FakeKv final : public KvCacheManager {
   }
 
   void mark_computed(const SequenceInfo&, int32_t) override {}
+  void truncate(const SequenceInfo&, int32_t) override {}  // blocks are only counted
 
   void free(SeqId seq) override {
     auto it = held_.find(seq);

@@ -1,5 +1,8 @@
 // ABI version of the plugin SDK and the toolchain fingerprint.
 //
+// History: 2.0 batched Drafter::propose with Draft (tokens + optional q rows) and
+// on_drafts_settled; Sampler::verify takes a DraftView; KvCacheManager::truncate.
+//
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
 // plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
@@ -9,7 +12,7 @@
 #include <cstdint>
 
 #ifndef TESSERA_SDK_ABI_MAJOR  // overridable only so tests can build a mismatching plugin
-#define TESSERA_SDK_ABI_MAJOR 1
+#define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
 #define TESSERA_SDK_ABI_MINOR 0

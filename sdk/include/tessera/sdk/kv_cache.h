@@ -74,6 +74,11 @@ class KvCacheManager {
   // published for prefix reuse.
   virtual void mark_computed(const SequenceInfo& seq, int32_t num_computed) = 0;
 
+  // Speculative rollback: only tokens [0, num_tokens) of seq are kept (the drafts after them
+  // were rejected). Returns the slots past them, e.g. whole blocks, to the pool; the next
+  // allocate_slots grows again from there. num_tokens >= seq.num_computed_tokens.
+  virtual void truncate(const SequenceInfo& seq, int32_t num_tokens) = 0;
+
   // Releases every block reference of the sequence (finish, cancel, preemption).
   virtual void free(SeqId seq) = 0;
 

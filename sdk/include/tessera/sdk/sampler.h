@@ -33,6 +33,14 @@ struct SamplingInput {
   std::span<const TokenId> history;  // prompt and generated tokens so far (for penalties)
 };
 
+// The drafts a sequence fed this step, as the sampler verifies them.
+struct DraftView {
+  std::span<const TokenId> tokens;
+  // Empty, or tokens.size() rows of vocabulary-size draft probabilities (Draft::q); empty
+  // means a deterministic proposal, q one-hot at each draft token.
+  std::span<const float> q;
+};
+
 class Sampler {
  public:
   virtual ~Sampler() = default;
@@ -40,10 +48,12 @@ class Sampler {
   virtual Status sample(std::span<float> logits, const SamplingInput& input, SamplerState* state,
                         SampledToken* out) = 0;
   // Speculative verification: logits[i] is the row after feeding history + drafts[0..i)
-  // (drafts.size() + 1 rows). Appends the accepted drafts and then one token sampled from
-  // the first rejected position (or the bonus position) to `out`; greedy requests accept a
-  // draft iff it is the argmax, so the output equals non-speculative decoding.
-  virtual Status verify(std::span<const std::span<float>> logits, std::span<const TokenId> drafts,
+  // (drafts.tokens.size() + 1 rows). Appends the accepted drafts and then one token sampled
+  // from the first rejected position (or the bonus position) to `out`; greedy requests
+  // accept a draft iff it is the argmax, so the output equals non-speculative decoding, and
+  // sampled ones use rejection sampling against drafts.q so the output distribution is the
+  // one `sample` draws from.
+  virtual Status verify(std::span<const std::span<float>> logits, const DraftView& drafts,
                         const SamplingInput& input, SamplerState* state,
                         std::vector<SampledToken>* out) = 0;
 };

@@ -1,0 +1,61 @@
+#include "tessera/speculation_control.h"
+
+#include <algorithm>
+
+namespace tessera {
+
+void AcceptanceEstimate::record(int32_t proposed, int32_t accepted) {
+  if (proposed <= 0) return;
+  accepted_ = accepted_ * kForget + accepted;
+  tried_ = tried_ * kForget + accepted + (accepted < proposed ? 1 : 0);
+}
+
+void AcceptanceEstimate::age() {
+  accepted_ *= kForget;
+  tried_ *= kForget;
+}
+
+double AcceptanceEstimate::alpha(double prior) const {
+  return (accepted_ + prior * kPriorWeight) / (tried_ + kPriorWeight);
+}
+
+void StepTimeModel::record(int32_t num_tokens, double seconds) {
+  const double n = num_tokens;
+  weight_ = weight_ * kForget + 1;
+  sum_n_ = sum_n_ * kForget + n;
+  sum_nn_ = sum_nn_ * kForget + n * n;
+  sum_t_ = sum_t_ * kForget + seconds;
+  sum_nt_ = sum_nt_ * kForget + n * seconds;
+}
+
+double StepTimeModel::seconds_per_extra_token() const {
+  if (weight_ <= 0) return 0;
+  const double mean_n = sum_n_ / weight_, mean_t = sum_t_ / weight_;
+  const double var_n = sum_nn_ / weight_ - mean_n * mean_n;
+  if (var_n < 0.25) return std::max(0.0, mean_t / 16);  // every step the same size so far
+  return std::max(0.0, (sum_nt_ / weight_ - mean_n * mean_t) / var_n);
+}
+
+double StepTimeModel::seconds_for(int32_t num_tokens) const {
+  if (weight_ <= 0) return 0;
+  const double b = seconds_per_extra_token();
+  const double mean_n = sum_n_ / weight_, mean_t = sum_t_ / weight_;
+  // The fitted line through the means; never below the cost of the tokens alone.
+  return std::max(mean_t + b * (num_tokens - mean_n), b * num_tokens);
+}
+
+int32_t choose_num_drafts(double alpha, int32_t max_drafts, int32_t num_rows, double step_seconds,
+                          double row_seconds) {
+  if (max_drafts <= 0 || num_rows <= 0 || step_seconds <= 0) return std::max(0, max_drafts);
+  const double value = step_seconds / num_rows;  // what one output token costs without drafts
+  int32_t k = 0;
+  double p = 1;
+  while (k < max_drafts) {
+    p *= alpha;
+    if (p * value < row_seconds) break;
+    ++k;
+  }
+  return k;
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+// The control of speculative decoding (tessera/speculation_control.h) on made-up numbers: no
+// clock is involved, so these are exact checks of the cost model, not timings.
+#include <doctest/doctest.h>
+
+#include "tessera/speculation_control.h"
+
+using namespace tessera;
+
+TEST_CASE("acceptance: the prior (0.5 by default), then the drafts' own record, forgotten when idle") {
+  AcceptanceEstimate a;
+  CHECK(a.alpha() == doctest::Approx(0.5));
+  for (int i = 0; i < 50; ++i) a.record(4, 4);  // every draft accepted
+  CHECK(a.alpha() > 0.95);
+  AcceptanceEstimate b;
+  for (int i = 0; i < 50; ++i) b.record(4, 0);  // every first draft rejected
+  CHECK(b.alpha() < 0.05);
+  for (int i = 0; i < 200; ++i) b.age();
+  CHECK(b.alpha() == doctest::Approx(0.5).epsilon(0.01));  // back to the prior: probed again
+  AcceptanceEstimate c;
+  for (int i = 0; i < 200; ++i) c.record(4, 1);  // one accepted, then a rejection: alpha 1/2
+  CHECK(c.alpha() == doctest::Approx(0.5).epsilon(0.01));
+  AcceptanceEstimate d;
+  d.record(0, 0);  // nothing proposed: no evidence
+  CHECK(d.alpha() == doctest::Approx(0.5));
+  CHECK(d.alpha(0.1) == doctest::Approx(0.1));  // the prior given (the engine-wide rate)
+  for (int i = 0; i < 200; ++i) b.age();
+  CHECK(b.alpha(0.1) == doctest::Approx(0.1).epsilon(0.01));
+}
+
+TEST_CASE("step time model: fits t(n) = a + b n, assumes b = t/16 while every step has one size") {
+  StepTimeModel m;
+  CHECK_FALSE(m.has_data());
+  for (int i = 0; i < 20; ++i) m.record(1, 0.006);
+  CHECK(m.seconds_for(1) == doctest::Approx(0.006));
+  CHECK(m.seconds_per_extra_token() == doctest::Approx(0.006 / 16));
+  StepTimeModel line;
+  for (int i = 0; i < 40; ++i) line.record(1 + i % 9, 0.005 + 0.0004 * (1 + i % 9));
+  CHECK(line.seconds_per_extra_token() == doctest::Approx(0.0004));
+  CHECK(line.seconds_for(32) == doctest::Approx(0.005 + 0.0004 * 32));
+}
+
+TEST_CASE("drafts are proposed while the k-th one's expected token is worth its row") {
+  // Batch 1, memory-bound: a 6 ms step, 0.3 ms per extra row.
+  CHECK(choose_num_drafts(0.5, 8, 1, 0.006, 0.0003) == 4);   // 0.5^4 * 6 = 0.375 >= 0.3 > 0.5^5 * 6
+  CHECK(choose_num_drafts(0.9, 8, 1, 0.006, 0.0003) == 8);   // capped at the maximum
+  CHECK(choose_num_drafts(0.02, 8, 1, 0.006, 0.0003) == 0);  // 0.02 * 6 = 0.12 < 0.3: off
+  // 16 sequences, compute-bound: a 40 ms step, 2 ms per extra row. Even good drafts do not pay.
+  CHECK(choose_num_drafts(0.7, 8, 16, 0.040, 0.002) == 0);
+  // Load drops to 2 sequences: back on.
+  CHECK(choose_num_drafts(0.7, 8, 2, 0.008, 0.0004) > 0);
+  // Nothing measured yet: the maximum.
+  CHECK(choose_num_drafts(0.1, 4, 1, 0.0, 0.0) == 4);
+}
