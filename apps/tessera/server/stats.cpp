@@ -358,7 +358,11 @@ std::string StatsRecorder::render(double window_s, bool include_roofline) const 
     const double steps = static_cast<double>(s.engine.num_steps - p.engine.num_steps);
     put("tokens_per_step", ratio(static_cast<double>(s.engine.num_batch_tokens - p.engine.num_batch_tokens), steps));
     put("steps_per_s", ratio(steps, dt));
-    put("output_tokens_per_s", ratio(static_cast<double>(s.generation_tokens - p.generation_tokens), dt));
+    const StatsSample& pb = at(idx >= pct_span ? idx - pct_span : 0);
+    // Generated tokens are counted when their sequence finishes: over the percentile span, so
+    // sequences finishing together do not draw spikes.
+    put("output_tokens_per_s",
+        has_prev ? ratio(static_cast<double>(s.generation_tokens - pb.generation_tokens), s.time - pb.time) : kNaN);
     put("kv_blocks_used", used / n);
     put("kv_blocks_cached", cached / n);
     put("kv_blocks_free", free / n);
@@ -370,7 +374,6 @@ std::string StatsRecorder::render(double window_s, bool include_roofline) const 
       put("speculative_acceptance_rate",
           ratio(static_cast<double>(s.engine.num_accepted_draft_tokens - p.engine.num_accepted_draft_tokens),
                 static_cast<double>(s.engine.num_draft_tokens - p.engine.num_draft_tokens)));
-    const StatsSample& pb = at(idx >= pct_span ? idx - pct_span : 0);
     for (const auto& l : kLatencies) {
       if (l.member == &StatsSample::e2e) continue;
       const auto& bounds = (metrics_.*(l.histogram))().bounds();
