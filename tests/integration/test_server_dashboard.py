@@ -153,7 +153,7 @@ class Load:
         while not self.stop_event.is_set():
             # A shared prefix (prefix-cache hits) and a per-request tail.
             body = json.dumps({"model": MODEL, "prompt": SHARED_PREFIX + f" Client {i}, request {n}:",
-                               "max_tokens": 24, "temperature": 0,
+                               "max_tokens": 16 + (7 * i + 5 * n) % 33, "temperature": 0,
                                "ignore_eos": True, "stream": True})
             n += 1
             try:
@@ -269,8 +269,9 @@ class Dashboard(unittest.TestCase):
     def test_2_under_load_stats_match_metrics_and_the_page_renders(self):
         load = Load().start()
         try:
-            deadline = time.time() + 240
-            while load.completed < 2 * CLIENTS and time.time() < deadline:
+            # Long enough to fill most of the page's 1-minute window (and the screenshot).
+            start = time.time()
+            while (load.completed < 2 * CLIENTS or time.time() < start + 35) and time.time() < start + 240:
                 time.sleep(0.5)
             self.assertGreaterEqual(load.completed, 2 * CLIENTS, load.errors[:3])
 
