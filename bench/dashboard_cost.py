@@ -38,7 +38,7 @@ def main():
 
     work = tempfile.mkdtemp(prefix="tessera-dashboard-cost-")
     workload = os.path.join(work, "work.jsonl")
-    subprocess.run([args.tessera, "bench", "make-workload", "-c", args.config, "--make", "uniform-output",
+    subprocess.run([args.tessera, "bench", "make-workload", "-c", args.config, "--kind", "uniform-output",
                     "-n", str(args.num_requests), "-o", workload], check=True)
 
     server = subprocess.Popen([args.tessera, "serve", "-c", args.config, "--port", "0"],

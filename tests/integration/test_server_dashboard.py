@@ -290,8 +290,8 @@ class Dashboard(unittest.TestCase):
             self.assertGreater(n, 5)
             for key, column in series.items():
                 self.assertEqual(len(column), n, key)
-            # The newest point is at most one sampling interval (1 s) old.
-            self.assertLessEqual(s["time"] - series["t"][-1], s["sample_interval_s"] + 0.5)
+            # The newest point is less than one polling interval of the page (2 s) old.
+            self.assertLess(s["time"] - series["t"][-1], 2.0)
             self.assertGreater(max(v for v in series["output_tokens_per_s"] if v is not None), 0)
             self.assertGreater(max(v for v in series["running"] if v is not None), 0)
             self.assertTrue(any(v is not None for v in series["ttft_p50"]))
