@@ -93,6 +93,23 @@ def main():
               f"{m['completed']}/{m['requests']} ok  ({time.strftime('%H:%M:%S', time.gmtime())} UTC)", flush=True)
         return {"label": label, "poller": with_poller, **m}
 
+    def server_cpu_seconds():
+        with open(f"/proc/{server.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def cpu_per_poll(n=300):
+        """Server CPU seconds per /v1/stats?window=300 reply, the server otherwise idle."""
+        idle0 = server_cpu_seconds()
+        time.sleep(3)
+        idle = (server_cpu_seconds() - idle0) / 3  # the idle server's own CPU per second
+        c0, t0 = server_cpu_seconds(), time.monotonic()
+        for _ in range(n):
+            with urllib.request.urlopen(f"{url}/v1/stats?window=300") as r:
+                r.read()
+        used = server_cpu_seconds() - c0 - idle * (time.monotonic() - t0)
+        return used / n
+
     try:
         round_("warm-up", False)
         rounds = []
@@ -100,6 +117,9 @@ def main():
             order = [False, True] if r % 2 == 0 else [True, False]
             for on in order:
                 rounds.append(round_(f"round {r + 1}", on))
+        per_poll = cpu_per_poll()
+        print(f"server CPU per /v1/stats reply (window 300 s, after the rounds): {per_poll * 1e3:.2f} ms "
+              f"= {per_poll / args.poll * 100:.3f}% of one core at one poll per {args.poll:g} s")
     finally:
         server.terminate()
         server.wait(60)
@@ -115,7 +135,7 @@ def main():
               f"mean client-side time {polls['seconds'] / polls['n'] * 1e3:.1f} ms")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rounds": rounds, "polls": polls}, f, indent=1)
+            json.dump({"rounds": rounds, "polls": polls, "server_cpu_s_per_poll": per_poll}, f, indent=1)
 
 
 if __name__ == "__main__":
