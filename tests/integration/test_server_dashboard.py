@@ -219,7 +219,7 @@ def chromium(url, *mode, budget_ms=7000):
 
 
 def page_url(key=KEY):
-    return f"{SERVER.url}/dashboard?key={key}&window=60&interval=2"
+    return f"{SERVER.url}/dashboard?key={key}&window=60&interval=2&slo_ttft=0.5&slo_tpot=0.2"
 
 
 def render_page():
@@ -357,10 +357,12 @@ class Dashboard(unittest.TestCase):
         self.assertEqual(s["series"]["kv_blocks_used"][-1], m["tessera_kv_blocks_used"])
 
         # The page's headline values are the same numbers (the 15-minute window).
-        r = chromium(f"{SERVER.url}/dashboard?key={KEY}&window=900", "--dump-dom")
+        r = chromium(f"{SERVER.url}/dashboard?key={KEY}&window=900&slo_ttft=0.75", "--dump-dom")
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         scan = DomScan()
         scan.feed(r.stdout)
+        self.assertEqual(float(scan.by_id["slo-ttft"]["data-value"]), 0.75)  # the target line asked for
+        self.assertNotIn("slo-tpot", scan.by_id)
         m = metrics()
         for el, want in [("value-ttft", quantile_from_metrics(m, "tessera_time_to_first_token_seconds", 0.5)),
                          ("value-tpot", quantile_from_metrics(m, "tessera_time_per_output_token_seconds", 0.5)),
