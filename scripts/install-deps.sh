@@ -9,6 +9,7 @@ packages=(
   libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev
   protobuf-compiler libprotobuf-dev
   python3 python3-pip
+  chromium
 )
 
 missing=()

@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "server/http_server.h"
 #include "server/openai_service.h"
+#include "server/stats.h"
 #include "stack_loader.h"
 
 namespace tessera::cli {
@@ -26,6 +27,7 @@ struct ServeOptions {
   std::string config;
   std::optional<std::string> host;
   std::optional<int> port;
+  std::string roofline_report;
 };
 
 // Keys from the config plus TESSERA_API_KEYS (comma-separated), so secrets need not be in a
@@ -59,6 +61,11 @@ void run_serve(const ServeOptions& opt) {
   const auto api_keys = collect_api_keys(server_config);
 
   server::OpenAiService service(engine, server_config, model_id, api_keys);
+  // /v1/stats and /dashboard: one sample per second of what /metrics reports, 15 minutes kept.
+  server::StatsOptions stats_options;
+  stats_options.roofline_report = opt.roofline_report;
+  server::StatsRecorder stats(io.get_executor(), engine, service.metrics(), model_id, stats_options);
+  service.attach_stats(&stats);
   server::HttpServer http(io, server_config, service);
   try {
     http.listen();
@@ -66,6 +73,7 @@ void run_serve(const ServeOptions& opt) {
     throw CommandError(e.what());
   }
   engine.start();
+  stats.start();
 
   const std::string url = "http://" + server_config.host + ":" + std::to_string(http.port());
   std::fprintf(stderr, "tessera serve: listening on %s, model \"%s\"%s\n", url.c_str(), model_id.c_str(),
@@ -116,6 +124,7 @@ void run_serve(const ServeOptions& opt) {
   });
 
   io.run();
+  stats.stop();
   // Teardown order: no more engine callbacks, then connections closed while the server and
   // io_context still exist, then the engine's leftover requests (and their sockets) freed.
   engine.stop();
@@ -135,6 +144,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("-c,--config", opt->config, "stack YAML (default: configs/smollm2-cpu.yaml)");
   cmd->add_option("--host", opt->host, "address to bind (overrides server.host; default 127.0.0.1)");
   cmd->add_option("--port", opt->port, "port (overrides server.port; 0 picks a free one)");
+  cmd->add_option("--roofline-report", opt->roofline_report,
+                  "a `tessera bench roofline --json` file shown on /dashboard (read when the page asks)");
   cmd->callback([opt] { run_serve(*opt); });
 }
 

@@ -46,7 +46,7 @@ def require_environment(modules=("openai", "httpx")):
 class Server:
     """A `tessera serve` on a free port with the default stack plus `server_yaml` overrides."""
 
-    def __init__(self, server_yaml="", env=None, name="server"):
+    def __init__(self, server_yaml="", env=None, name="server", args=()):
         self.dir = tempfile.mkdtemp(prefix=f"tessera-{name}-")
         self.config = os.path.join(self.dir, "stack.yaml")
         with open(self.config, "w") as f:
@@ -56,12 +56,13 @@ class Server:
                 for line in server_yaml.strip().splitlines():
                     f.write(f"  {line}\n")
         self.env = dict(os.environ, **(env or {}))
+        self.args = list(args)  # extra `tessera serve` options
         self.proc = None
         self.port = None
         self.stderr_lines = []
 
     def start(self, timeout=120):
-        self.proc = subprocess.Popen([TESSERA, "serve", "--config", self.config, "--port", "0"],
+        self.proc = subprocess.Popen([TESSERA, "serve", "--config", self.config, "--port", "0"] + self.args,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=self.env)
         ready = threading.Event()

@@ -23,6 +23,10 @@ class Histogram {
   // Appends `name_bucket{le=...}`, `name_sum` and `name_count` lines.
   void render(const std::string& name, std::string* out) const;
   uint64_t count() const { return count_; }
+  // Read by the stats endpoint (stats.h), so it reports the numbers /metrics does.
+  const std::vector<double>& bounds() const { return bounds_; }
+  const std::vector<uint64_t>& bucket_counts() const { return counts_; }
+  double sum() const { return sum_; }
 
  private:
   std::vector<double> bounds_;
@@ -43,6 +47,18 @@ class ServerMetrics {
   void count_cancelled_by_client() { ++cancelled_by_client_; }
 
   std::string render(const EngineStats& engine) const;
+
+  // Read by the stats endpoint (stats.h).
+  const Histogram& queue_time() const { return queue_time_; }
+  const Histogram& ttft() const { return ttft_; }
+  const Histogram& tpot() const { return tpot_; }
+  const Histogram& itl() const { return itl_; }
+  const Histogram& e2e() const { return e2e_; }
+  uint64_t prompt_tokens() const { return prompt_tokens_; }
+  uint64_t generation_tokens() const { return generation_tokens_; }
+  int64_t in_flight() const { return in_flight_; }
+  uint64_t rejected_full_queue() const { return rejected_full_queue_; }
+  uint64_t cancelled_by_client() const { return cancelled_by_client_; }
 
  private:
   std::map<std::pair<std::string, int>, uint64_t> requests_;

@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <random>
 
+#include "dashboard.h"
 #include "openai_protocol.h"
+#include "stats.h"
 #include "tessera/chat_template.h"
 #include "tessera/tokenizer.h"
 
@@ -407,7 +409,8 @@ json OpenAiService::model_card() const {
 std::string OpenAiService::endpoint_label(std::string_view target) {
   std::string_view path = target.substr(0, target.find('?'));
   // Metric labels only for known routes: arbitrary paths must not grow the label set.
-  static const char* kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"};
+  static const char* kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+                                  "/v1/stats", "/dashboard"};
   for (const char* r : kRoutes)
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
@@ -450,6 +453,27 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
     metrics_.set_in_flight(in_flight_);
     res.body() = metrics_.render(engine_.stats());
     return reply(channel, endpoint, std::move(res));
+  }
+  if (stats_ && (path == "/v1/stats" || path == "/dashboard")) {
+    if (!get) return wrong_method("GET");
+    // The page is opened from a browser address bar, so it also takes its key as ?key=.
+    bool ok = api_keys_.empty() || authorized(req);
+    if (!ok && path == "/dashboard") {
+      const std::string key = query_param(std::string_view(req.target().data(), req.target().size()), "key");
+      for (const auto& k : api_keys_) ok |= constant_time_equal(key, k);
+    }
+    if (!ok) {
+      auto res = make_error_response(http::status::unauthorized,
+                                     path == "/dashboard" ? "missing or invalid API key: open /dashboard?key=<key>"
+                                                          : "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                                     "invalid_request_error", "", "invalid_api_key");
+      res.set(http::field::www_authenticate, "Bearer");
+      return reply(channel, endpoint, std::move(res));
+    }
+    if (path == "/dashboard") return reply(channel, endpoint, dashboard_response());
+    metrics_.set_in_flight(in_flight_);
+    return reply(channel, endpoint,
+                 stats_->respond(std::string_view(req.target().data(), req.target().size())));
   }
   const bool is_api = path.rfind("/v1/", 0) == 0;
   const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/models" ||

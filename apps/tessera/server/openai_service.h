@@ -20,6 +20,7 @@
 namespace tessera::server {
 
 struct GenerationCall;
+class StatsRecorder;
 
 class OpenAiService : public HttpHandler {
  public:
@@ -39,6 +40,9 @@ class OpenAiService : public HttpHandler {
   // Requests the engine still holds, and responses not yet fully handed to the server.
   int64_t in_flight() const { return in_flight_; }
   size_t open_calls() const;
+  // Serves GET /v1/stats from `stats` and GET /dashboard (dashboard.h); both off until set.
+  void attach_stats(const StatsRecorder* stats) { stats_ = stats; }
+  const ServerMetrics& metrics() const { return metrics_; }
 
  private:
   friend struct GenerationCall;
@@ -65,6 +69,7 @@ class OpenAiService : public HttpHandler {
   bool draining_ = false;
   uint64_t next_call_ = 1;
   std::map<uint64_t, std::weak_ptr<GenerationCall>> calls_;
+  const StatsRecorder* stats_ = nullptr;
 };
 
 }  // namespace tessera::server

@@ -1,0 +1,380 @@
+"""End-to-end: GET /v1/stats and GET /dashboard on a real `tessera serve` under streaming load.
+
+A server with an API key and a real roofline report (`tessera bench roofline --json`, tiny
+sizes) serves 16 clients streaming completions. Checked:
+- both routes need the key (bearer; the page also takes ?key=), and /v1/stats needs GET;
+- under load, every /v1/stats counter lies between two /metrics scrapes taken around it,
+  the series are one column per key, ending within one sampling interval of the reply;
+- headless Chromium (Debian's `chromium`) renders the page under load: every chart has data
+  points, its headline counters lie between /metrics scrapes taken before and after the page
+  ran (one polling interval), the roofline panel shows the recorded report; a screenshot is
+  saved (TESSERA_DASHBOARD_SCREENSHOT, default BUILD/test-scratch/dashboard.png);
+- once the load stopped, /v1/stats and the rendered page equal /metrics exactly: counters,
+  gauges, and window percentiles against Prometheus-style histogram_quantile over the
+  /metrics buckets (the window covers the server's whole life).
+"""
+import html.parser
+import http.client
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+import server_harness as h  # noqa: E402
+
+h.require_environment(modules=())
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if not CHROMIUM:
+    h.skip_or_fail("headless Chromium is missing (Debian package 'chromium'; run scripts/install-deps.sh)")
+
+KEY = "dash-test-key"
+CLIENTS = 16
+SERVER = None
+MODEL = None
+ROOFLINE = None
+SCREENSHOT = os.environ.get("TESSERA_DASHBOARD_SCREENSHOT",
+                            os.path.join(h.BUILD_DIR, "test-scratch", "dashboard.png"))
+# Longer than a few KV blocks (16 tokens each), so requests share cached prefix blocks.
+SHARED_PREFIX = ("You are a careful assistant for a lighthouse museum. Answer visitors' questions about the "
+                 "history of the lighthouse, its keepers, the lens, the fog signal and the island's birds in "
+                 "two or three plain sentences, and say so when you do not know.")
+CHARTS = ["requests", "queue", "ttft", "tpot", "itl", "throughput", "batch", "kv", "preemptions", "prefix"]
+
+
+def get(path, key=KEY, method="GET"):
+    """(status, body bytes) of a request to the server."""
+    req = urllib.request.Request(SERVER.url + path, method=method)
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def stats(window=900):
+    status, body = get(f"/v1/stats?window={window}")
+    assert status == 200, body
+    return json.loads(body)
+
+
+def parse_metrics(text):
+    """{name or name{labels}: value} of a Prometheus text page."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def metrics():
+    return parse_metrics(SERVER.metrics())
+
+
+def quantile_from_metrics(m, family, q):
+    """Prometheus histogram_quantile over the cumulative buckets of `family` in /metrics."""
+    buckets = []
+    for name, v in m.items():
+        mm = re.fullmatch(re.escape(family) + r'_bucket\{le="([^"]+)"\}', name)
+        if mm:
+            buckets.append((math.inf if mm.group(1) == "+Inf" else float(mm.group(1)), v))
+    buckets.sort()
+    total = buckets[-1][1]
+    if total == 0:
+        return None
+    rank = q * total
+    prev_bound, prev_cum = 0.0, 0.0
+    for bound, cum in buckets:
+        if cum > prev_cum and cum >= rank:
+            if math.isinf(bound):
+                return prev_bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_cum) / (cum - prev_cum)
+        prev_bound, prev_cum = bound, cum
+    return prev_bound
+
+
+# Counters of /v1/stats "current" and the /metrics sample each one reports.
+COUNTERS = [
+    (("requests", "finished_sequences_total"), "tessera_engine_finished_sequences_total"),
+    (("tokens", "prompt_total"), "tessera_prompt_tokens_total"),
+    (("tokens", "generation_total"), "tessera_generation_tokens_total"),
+    (("engine", "steps_total"), "tessera_engine_steps_total"),
+    (("engine", "batch_tokens_total"), "tessera_engine_batch_tokens_total"),
+    (("engine", "preemptions_total"), "tessera_engine_preemptions_total"),
+    (("prefix_cache", "query_tokens_total"), "tessera_prefix_cache_query_tokens_total"),
+    (("prefix_cache", "hit_tokens_total"), "tessera_prefix_cache_hit_tokens_total"),
+    (("latency", "ttft_seconds", "count"), "tessera_time_to_first_token_seconds_count"),
+    (("latency", "itl_seconds", "count"), "tessera_inter_token_latency_seconds_count"),
+]
+GAUGES = [
+    (("requests", "in_flight"), "tessera_requests_in_flight"),
+    (("requests", "running"), "tessera_engine_running_sequences"),
+    (("requests", "waiting"), "tessera_engine_waiting_sequences"),
+    (("kv", "blocks_total"), "tessera_kv_blocks_total"),
+    (("kv", "blocks_used"), "tessera_kv_blocks_used"),
+    (("kv", "blocks_cached"), "tessera_kv_blocks_cached"),
+    (("prefix_cache", "hit_rate"), "tessera_prefix_cache_hit_rate"),
+]
+LATENCIES = [("queue_time_seconds", "tessera_queue_time_seconds"),
+             ("ttft_seconds", "tessera_time_to_first_token_seconds"),
+             ("tpot_seconds", "tessera_time_per_output_token_seconds"),
+             ("itl_seconds", "tessera_inter_token_latency_seconds")]
+
+
+def dig(d, path):
+    for k in path:
+        d = d[k]
+    return d
+
+
+class Load:
+    """CLIENTS threads, each streaming completions back to back until stop()."""
+
+    def __init__(self):
+        self.stop_event = threading.Event()
+        self.completed = 0
+        self.errors = []
+        self.threads = [threading.Thread(target=self.client, args=(i,), daemon=True) for i in range(CLIENTS)]
+
+    def client(self, i):
+        n = 0
+        while not self.stop_event.is_set():
+            # A shared prefix (prefix-cache hits) and a per-request tail.
+            body = json.dumps({"model": MODEL, "prompt": SHARED_PREFIX + f" Client {i}, request {n}:",
+                               "max_tokens": 16 + (7 * i + 5 * n) % 33, "temperature": 0,
+                               "ignore_eos": True, "stream": True})
+            n += 1
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", SERVER.port, timeout=120)
+                conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                               "Authorization": "Bearer " + KEY})
+                r = conn.getresponse()
+                data = r.read().decode()
+                conn.close()
+                if r.status != 200 or "data: [DONE]" not in data:
+                    self.errors.append(f"{r.status}: {data[:200]}")
+                else:
+                    self.completed += 1
+            except Exception as e:  # noqa: BLE001 (reported by the test)
+                self.errors.append(repr(e))
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def stop(self):
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(180)
+
+
+class DomScan(html.parser.HTMLParser):
+    """Per element id: its attributes; per chart: the series groups and their drawn shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_id = {}
+        self.stack = []
+        self.shapes = {}  # chart id -> number of path/rect/circle elements inside it
+        self.body = {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "body":
+            self.body = a
+        if "id" in a:
+            self.by_id[a["id"]] = a
+        chart = next((s for s in reversed(self.stack) if s and s.startswith("chart-")), None)
+        if chart and tag in ("path", "rect", "circle"):
+            self.shapes[chart] = self.shapes.get(chart, 0) + 1
+        if tag not in ("br", "img", "meta", "input", "link", "hr", "line", "rect", "circle", "path"):
+            self.stack.append(a.get("id"))
+
+    def handle_endtag(self, tag):
+        if tag not in ("br", "img", "meta", "input", "link", "hr", "line", "rect", "circle", "path") and self.stack:
+            self.stack.pop()
+
+
+def chromium(url, *mode, budget_ms=7000):
+    profile = tempfile.mkdtemp(prefix="tessera-chromium-")
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--no-first-run", "--hide-scrollbars", f"--user-data-dir={profile}", "--window-size=1400,1000",
+           f"--virtual-time-budget={budget_ms}", *mode, url]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    shutil.rmtree(profile, ignore_errors=True)
+    return r
+
+
+def page_url(key=KEY):
+    return f"{SERVER.url}/dashboard?key={key}&window=60&interval=2&slo_ttft=0.5&slo_tpot=0.2"
+
+
+def render_page():
+    r = chromium(page_url(), "--dump-dom")
+    assert r.returncode == 0, r.stderr[-2000:]
+    scan = DomScan()
+    scan.feed(r.stdout)
+    return scan
+
+
+def setUpModule():
+    global SERVER, MODEL, ROOFLINE
+    work = tempfile.mkdtemp(prefix="tessera-dashboard-")
+    ROOFLINE = os.path.join(work, "roofline.json")
+    r = subprocess.run([h.TESSERA, "bench", "roofline", "-c", os.path.join(h.SOURCE_DIR, "configs", "bench", "roofline.yaml"),
+                        "--max-batch", "8", "--steps", "3", "--json", ROOFLINE], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    SERVER = h.Server(f"api_keys: [{KEY}]", name="dashboard", args=["--roofline-report", ROOFLINE]).start()
+    status, body = get("/v1/models")
+    assert status == 200, body
+    MODEL = json.loads(body)["data"][0]["id"]
+
+
+def tearDownModule():
+    rc = SERVER.stop()
+    assert rc == 0, f"server exit status {rc}:\n" + "".join(SERVER.stderr_lines[-20:])
+
+
+class Dashboard(unittest.TestCase):
+    def test_1_routes_need_the_api_key(self):
+        self.assertEqual(get("/v1/stats", key=None)[0], 401)
+        self.assertEqual(get("/v1/stats", key="wrong")[0], 401)
+        self.assertEqual(get("/v1/stats?key=" + KEY, key=None)[0], 401)  # only the page takes ?key=
+        self.assertEqual(get("/v1/stats", method="POST")[0], 405)
+        self.assertEqual(get("/dashboard", key=None)[0], 401)
+        self.assertEqual(get("/dashboard?key=wrong", key=None)[0], 401)
+        status, page = get("/dashboard?key=" + KEY, key=None)
+        self.assertEqual(status, 200)
+        self.assertIn(b"/v1/stats", page)  # the page's script polls it and draws the charts as SVG
+        self.assertEqual(get("/dashboard")[0], 200)  # a bearer header works too
+        # No fetches anywhere else: no absolute URLs in the page at all.
+        self.assertIsNone(re.search(rb"(src|href)\s*=\s*[\"']?\s*(https?:)?//", page))
+        status, body = get("/v1/stats?window=abc")
+        self.assertEqual(status, 400)
+        self.assertIn(b"window", body)
+
+    def test_2_under_load_stats_match_metrics_and_the_page_renders(self):
+        load = Load().start()
+        try:
+            # Long enough to fill most of the page's 1-minute window (and the screenshot).
+            start = time.time()
+            while (load.completed < 2 * CLIENTS or time.time() < start + 35) and time.time() < start + 240:
+                time.sleep(0.5)
+            self.assertGreaterEqual(load.completed, 2 * CLIENTS, load.errors[:3])
+
+            before = metrics()
+            s = stats(window=60)
+            after = metrics()
+            self.assertGreater(s["current"]["requests"]["in_flight"], 0)
+            for path, name in COUNTERS:
+                v = dig(s["current"], path)
+                self.assertLessEqual(before[name], v, name)
+                self.assertLessEqual(v, after[name], name)
+            self.assertEqual(s["current"]["kv"]["blocks_total"], after["tessera_kv_blocks_total"])
+            self.assertNotIn("speculative", s["current"])  # this stack has no drafter
+            series = s["series"]
+            n = len(series["t"])
+            self.assertGreater(n, 5)
+            for key, column in series.items():
+                self.assertEqual(len(column), n, key)
+            # The newest point is less than one polling interval of the page (2 s) old.
+            self.assertLess(s["time"] - series["t"][-1], 2.0)
+            self.assertGreater(max(v for v in series["output_tokens_per_s"] if v is not None), 0)
+            self.assertGreater(max(v for v in series["running"] if v is not None), 0)
+            self.assertTrue(any(v is not None for v in series["ttft_p50"]))
+            self.assertGreater(s["window"]["output_tokens_per_s"], 0)
+            self.assertTrue(s["window"]["prefix_cache_hit_rate"] > 0)
+
+            # The page, under the same load: each chart has points, headline counters within
+            # the /metrics scrapes around the page's run (it polls every 2 s).
+            before = metrics()
+            scan = render_page()
+            after = metrics()
+            self.assertNotIn("data-error", scan.body, scan.body)
+            self.assertGreaterEqual(int(scan.body.get("data-polls", "0")), 1)
+            for chart in CHARTS:
+                svg = scan.by_id["chart-" + chart]
+                self.assertGreater(int(svg["data-points"]), 0, chart)
+                self.assertGreater(scan.shapes.get("chart-" + chart, 0), 0, chart)
+            self.assertIn("hidden", scan.by_id["panel-speculative"])
+            for tile, name in [("tile-finished", "tessera_engine_finished_sequences_total"),
+                               ("tile-generated", "tessera_generation_tokens_total"),
+                               ("tile-steps", "tessera_engine_steps_total"),
+                               ("value-preemptions", "tessera_engine_preemptions_total")]:
+                v = float(scan.by_id[tile]["data-value"])
+                self.assertLessEqual(before[name], v, tile)
+                self.assertLessEqual(v, after[name], tile)
+            self.assertGreater(float(scan.by_id["tile-generated"]["data-value"]), 0)
+            report = json.load(open(ROOFLINE))
+            self.assertEqual(float(scan.by_id["value-roofline"]["data-value"]), report["knee_batch"])
+            self.assertEqual(int(scan.by_id["chart-roofline"]["data-points"]), 2 * len(report["points"]))
+
+            os.makedirs(os.path.dirname(SCREENSHOT), exist_ok=True)
+            if os.path.exists(SCREENSHOT):
+                os.remove(SCREENSHOT)
+            r = chromium(page_url(), f"--screenshot={SCREENSHOT}", budget_ms=9000)
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            with open(SCREENSHOT, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+            self.assertGreater(os.path.getsize(SCREENSHOT), 20000)
+            print(f"screenshot: {SCREENSHOT}")
+        finally:
+            load.stop()
+        self.assertEqual(load.errors, [])
+
+    def test_3_idle_stats_and_page_equal_metrics(self):
+        self.assertTrue(SERVER.wait_for_metric("tessera_requests_in_flight", 0, timeout=120))
+        time.sleep(5.5)  # every sample of the newest series point (up to 5 s each) is idle
+        m = metrics()
+        s = stats(window=900)
+        self.assertLess(s["uptime_s"], 900, "the window must cover the server's life for this check")
+        for path, name in COUNTERS + GAUGES:
+            self.assertAlmostEqual(dig(s["current"], path), m[name], places=9, msg=name)
+        for key, family in LATENCIES:
+            for q, qn in [(0.5, "p50"), (0.9, "p90"), (0.99, "p99")]:
+                want = quantile_from_metrics(m, family, q)
+                got = s["window"]["latency"][key][qn]
+                self.assertIsNotNone(want, family)
+                self.assertAlmostEqual(got, want, places=9, msg=f"{key} {qn}")
+            self.assertEqual(s["window"]["latency"][key]["count"], m[family + "_count"])
+        self.assertAlmostEqual(s["window"]["output_tokens_per_s"] * s["window"]["span_s"],
+                               m["tessera_generation_tokens_total"], delta=1e-6 * m["tessera_generation_tokens_total"])
+        # The newest series point shows the idle engine.
+        self.assertEqual(s["series"]["running"][-1], 0)
+        self.assertEqual(s["series"]["kv_blocks_used"][-1], m["tessera_kv_blocks_used"])
+
+        # The page's headline values are the same numbers (the 15-minute window).
+        r = chromium(f"{SERVER.url}/dashboard?key={KEY}&window=900&slo_ttft=0.75", "--dump-dom")
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        scan = DomScan()
+        scan.feed(r.stdout)
+        self.assertEqual(float(scan.by_id["slo-ttft"]["data-value"]), 0.75)  # the target line asked for
+        self.assertNotIn("slo-tpot", scan.by_id)
+        m = metrics()
+        for el, want in [("value-ttft", quantile_from_metrics(m, "tessera_time_to_first_token_seconds", 0.5)),
+                         ("value-tpot", quantile_from_metrics(m, "tessera_time_per_output_token_seconds", 0.5)),
+                         ("value-itl", quantile_from_metrics(m, "tessera_inter_token_latency_seconds", 0.5)),
+                         ("value-queue", quantile_from_metrics(m, "tessera_queue_time_seconds", 0.5)),
+                         ("value-kv", m["tessera_kv_blocks_used"]),
+                         ("value-requests", m["tessera_engine_running_sequences"]),
+                         ("value-prefix", m["tessera_prefix_cache_hit_rate"]),
+                         ("tile-generated", m["tessera_generation_tokens_total"]),
+                         ("tile-finished", m["tessera_engine_finished_sequences_total"])]:
+            self.assertAlmostEqual(float(scan.by_id[el]["data-value"]), want, places=9, msg=el)
+
+
+if __name__ == "__main__":
+    sys.exit(h.run_tests([Dashboard]))

@@ -1,0 +1,60 @@
+// The /v1/stats helpers: histogram quantiles (Prometheus histogram_quantile's interpolation
+// over bucket deltas) and query parameters.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "server/stats.h"
+
+using tessera::server::histogram_quantile;
+using tessera::server::HistogramSnapshot;
+using tessera::server::query_param;
+
+namespace {
+
+// Buckets le=1, le=2, le=4 and +Inf (non-cumulative counts).
+const std::vector<double> kBounds = {1, 2, 4};
+
+HistogramSnapshot hist(std::vector<uint64_t> counts) {
+  HistogramSnapshot h;
+  for (uint64_t c : counts) h.count += c;
+  h.counts = std::move(counts);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("histogram_quantile interpolates inside the bucket holding the rank") {
+  const HistogramSnapshot h = hist({2, 2, 0, 0});
+  // rank 2 of 4 is the top of the first bucket [0, 1].
+  CHECK(histogram_quantile(0.5, kBounds, h, nullptr) == doctest::Approx(1.0));
+  // rank 3 is half way through (1, 2].
+  CHECK(histogram_quantile(0.75, kBounds, h, nullptr) == doctest::Approx(1.5));
+  CHECK(histogram_quantile(1.0, kBounds, h, nullptr) == doctest::Approx(2.0));
+  // rank 0.4 of the first bucket's 2.
+  CHECK(histogram_quantile(0.1, kBounds, h, nullptr) == doctest::Approx(0.2));
+}
+
+TEST_CASE("histogram_quantile skips empty buckets and caps the +Inf bucket at the largest bound") {
+  CHECK(histogram_quantile(0.5, kBounds, hist({0, 0, 4, 0}), nullptr) == doctest::Approx(3.0));
+  CHECK(histogram_quantile(0.99, kBounds, hist({1, 0, 0, 9}), nullptr) == doctest::Approx(4.0));
+}
+
+TEST_CASE("histogram_quantile over a window uses the bucket deltas") {
+  const HistogramSnapshot earlier = hist({5, 0, 0, 0});
+  const HistogramSnapshot later = hist({5, 0, 2, 0});  // the window saw two values in (2, 4]
+  CHECK(histogram_quantile(0.5, kBounds, later, &earlier) == doctest::Approx(3.0));
+  CHECK(std::isnan(histogram_quantile(0.5, kBounds, earlier, &earlier)));  // nothing in the window
+  CHECK(std::isnan(histogram_quantile(0.5, kBounds, hist({0, 0, 0, 0}), nullptr)));
+}
+
+TEST_CASE("query_param finds, decodes and misses parameters") {
+  CHECK(query_param("/dashboard?key=abc&window=60", "key") == "abc");
+  CHECK(query_param("/dashboard?key=abc&window=60", "window") == "60");
+  CHECK(query_param("/dashboard?window=60", "key").empty());
+  CHECK(query_param("/dashboard", "key").empty());
+  CHECK(query_param("/dashboard?key=a%2Bb%20c+d", "key") == "a+b c d");
+  CHECK(query_param("/dashboard?keyx=1&key=2", "key") == "2");
+  CHECK(query_param("/dashboard?key", "key").empty());
+  CHECK(query_param("/dashboard?key=%zz%4", "key") == "%zz%4");  // malformed escapes stay as they are
+}
