@@ -3,7 +3,10 @@
 // SmolLM2-135M-shaped layer (9 query heads, 3 KV heads, head_dim 64, f16 paged cache).
 //
 //   bench_attention [--threads N] [--context N] [--repeat N] [--batch N] [--plugin NAME]
-//                   [--decode-only] [--plugin-dir DIR]
+//                   [--decode-only] [--dtype f16|f32|q8_0] [--plugin-dir DIR]
+//
+// --dtype stores K and V of the cache in that type (default f16; q8_0: ggml Q8_0 blocks, as
+// kv_cache dtype: q8_0 stores them).
 //
 // --batch N times the decode case as N sequences of `context` tokens each with one query (a
 // serving step of N concurrent clients); the prefill case stays one sequence. --plugin NAME
@@ -23,9 +26,11 @@
 #include <vector>
 
 #include "tessera/config.h"
+#include "tessera/cpu_kernels.h"
 #include "tessera/ggml_types.h"
 #include "tessera/plugin_registry.h"
 #include "tessera/sdk/attention.h"
+#include "tessera/sdk/kv_cache.h"
 #include "tessera/thread_pool.h"
 
 #ifndef TESSERA_BENCH_PLUGIN_DIR
@@ -42,6 +47,7 @@ struct Options {
   int repeat = 3;
   int batch = 1;
   bool decode_only = false;
+  KvDtype dtype = KvDtype::kF16;
   std::string only;
   std::string plugin_dir;
 };
@@ -64,11 +70,18 @@ Options parse_args(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch")) o.batch = std::atoi(value("--batch"));
     else if (!std::strcmp(argv[i], "--plugin")) o.only = value("--plugin");
     else if (!std::strcmp(argv[i], "--decode-only")) o.decode_only = true;
+    else if (!std::strcmp(argv[i], "--dtype")) {
+      const std::string name = value("--dtype");
+      if (!parse_kv_dtype(name, &o.dtype)) {
+        std::fprintf(stderr, "--dtype: f16, f32 or q8_0, got '%s'\n", name.c_str());
+        std::exit(2);
+      }
+    }
     else if (!std::strcmp(argv[i], "--plugin-dir")) o.plugin_dir = value("--plugin-dir");
     else {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--context N] [--repeat N] [--batch N] "
-                   "[--plugin NAME] [--decode-only] [--plugin-dir DIR]\n",
+                   "[--plugin NAME] [--decode-only] [--dtype f16|f32|q8_0] [--plugin-dir DIR]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -84,14 +97,14 @@ Options parse_args(int argc, char** argv) {
 // sequence i's block table starts at table[i * blocks_per_seq].
 struct Pool {
   AttentionShape shape;
-  std::vector<uint16_t> k, v;
+  std::vector<uint8_t> k, v;  // rows stored as shape.k_dtype / v_dtype
   std::vector<int32_t> table;
   int blocks_per_seq = 0;
 };
 
-Pool make_pool(int context, int batch, std::mt19937& rng) {
+Pool make_pool(int context, int batch, KvDtype dtype, std::mt19937& rng) {
   Pool p;
-  p.shape = {9, 3, 64, 0.125f, 16, KvDtype::kF16};
+  p.shape = {9, 3, 64, 0.125f, 16, dtype, dtype};
   p.blocks_per_seq = (context + p.shape.block_size - 1) / p.shape.block_size;
   const int num_blocks = p.blocks_per_seq * batch;
   p.table.resize(num_blocks);
@@ -100,11 +113,18 @@ Pool make_pool(int context, int batch, std::mt19937& rng) {
   const size_t n = static_cast<size_t>(num_blocks) * p.shape.block_size * p.shape.num_kv_heads *
                    p.shape.head_dim;
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  p.k.resize(n);
-  p.v.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    p.k[i] = fp32_to_fp16(unit(rng));
-    p.v[i] = fp32_to_fp16(unit(rng));
+  const int64_t d = p.shape.head_dim;
+  const size_t row_bytes = kv_row_bytes(dtype, d);
+  std::vector<float> row(d);
+  for (auto* pool : {&p.k, &p.v}) {
+    pool->resize(n / d * row_bytes);
+    for (size_t r = 0; r < n / d; ++r) {
+      for (float& x : row) x = unit(rng);
+      uint8_t* dst = pool->data() + r * row_bytes;
+      if (dtype == KvDtype::kF32) std::memcpy(dst, row.data(), row_bytes);
+      else if (dtype == KvDtype::kF16) fp32_to_fp16_row(row.data(), reinterpret_cast<uint16_t*>(dst), d);
+      else quantize_activation_row(GgmlType::Q8_0, row.data(), dst, d);
+    }
   }
   return p;
 }
@@ -164,13 +184,13 @@ int main(int argc, char** argv) {
   }
 
   std::mt19937 rng(1);
-  const Pool pool = make_pool(opt.context, opt.batch, rng);
+  const Pool pool = make_pool(opt.context, opt.batch, opt.dtype, rng);
   ThreadPool executor(opt.threads);
   PluginContext context;
   context.logger = &host_logger();
-  std::printf("attention: %d heads, %d KV heads, head_dim %d, f16 cache, block %d; context %d; "
+  std::printf("attention: %d heads, %d KV heads, head_dim %d, %s cache, block %d; context %d; "
               "%d threads; median of %d; decode batch %d\n",
-              pool.shape.num_heads, pool.shape.num_kv_heads, pool.shape.head_dim,
+              pool.shape.num_heads, pool.shape.num_kv_heads, pool.shape.head_dim, kv_dtype_name(opt.dtype),
               pool.shape.block_size, opt.context, opt.threads, opt.repeat, opt.batch);
   std::printf("%-10s %-8s %8s %12s %16s %14s\n", "plugin", "case", "queries", "time ms",
               "scratch B/thread", "max |diff|");

@@ -79,7 +79,7 @@ plugin_paths: [$TESSERA_TEST_PLUGIN_DIR]
 engine:
   sampler: {plugin: test-abi-mismatch}
 YAML
-expect_error "plugin built with another ABI version" "ABI 2.0" "$bin" generate --config abi-mismatch.yaml --prompt hi
+expect_error "plugin built with another ABI version" "ABI 3.0" "$bin" generate --config abi-mismatch.yaml --prompt hi
 cat >missing-model.yaml <<YAML
 model: {path: $scratch/nowhere.gguf}
 YAML

@@ -81,7 +81,7 @@ TEST_CASE("parse_plugin_kind knows every kind and nothing else") {
   CHECK_FALSE(parse_plugin_kind("samplers", &kind));
 }
 
-TEST_CASE("the test plugin dir loads the sampler and refuses the ABI 2.0 build") {
+TEST_CASE("the test plugin dir loads the sampler and refuses the ABI 3.0 build") {
   PluginRegistry registry;
   registry.scan_directory(test_plugin_dir());
 
@@ -101,8 +101,8 @@ TEST_CASE("the test plugin dir loads the sampler and refuses the ABI 2.0 build")
   REQUIRE(error != nullptr);
   CHECK(error->plugin_name == "test-abi-mismatch");
   CHECK(error->message ==
-        "libtessera-test-abi-mismatch.so: built for Tessera SDK ABI 2.0, this host implements "
-        "ABI 1.0 (the major versions must match)");
+        "libtessera-test-abi-mismatch.so: built for Tessera SDK ABI 3.0, this host implements "
+        "ABI 2.0 (the major versions must match)");
 }
 
 TEST_CASE("a refused library's error is what create reports for its name") {
@@ -115,8 +115,8 @@ TEST_CASE("a refused library's error is what create reports for its name") {
   } catch (const PluginError& e) {
     std::string what = e.what();
     CHECK(what.find("engine.sampler: plugin 'test-abi-mismatch' could not be loaded") == 0);
+    CHECK(what.find("ABI 3.0") != std::string::npos);
     CHECK(what.find("ABI 2.0") != std::string::npos);
-    CHECK(what.find("ABI 1.0") != std::string::npos);
   }
 }
 
@@ -127,7 +127,7 @@ TEST_CASE("newer minor ABI, missing manifest and duplicate names are load errors
 
   const PluginLoadError* newer = find_load_error(registry, "libtessera-test-abi-newer.so");
   REQUIRE(newer != nullptr);
-  CHECK(newer->message.find("built for Tessera SDK ABI 1.1, this host implements ABI 1.0") !=
+  CHECK(newer->message.find("built for Tessera SDK ABI 2.1, this host implements ABI 2.0") !=
         std::string::npos);
 
   const PluginLoadError* no_manifest = find_load_error(registry, "libtessera-test-no-manifest.so");

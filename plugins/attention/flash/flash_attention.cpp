@@ -54,6 +54,10 @@ class FlashAttention final : public AttentionKernel {
       return invalid_argument("attention.flash: num_heads (" + std::to_string(shape.num_heads) +
                               ") must be a multiple of num_kv_heads (" +
                               std::to_string(shape.num_kv_heads) + ")");
+    for (KvDtype t : {shape.k_dtype, shape.v_dtype})
+      if (!kv_dtype_fits(t, shape.head_dim))
+        return invalid_argument(std::string("attention.flash: KV dtype ") + kv_dtype_name(t) +
+                                " needs head_dim % 32 == 0, got " + std::to_string(shape.head_dim));
     int32_t max_queries = 1;
     int32_t max_context = 1;
     const int32_t group = shape.num_heads / shape.num_kv_heads;

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #ifndef TESSERA_SDK_ABI_MAJOR  // overridable only so tests can build a mismatching plugin
-#define TESSERA_SDK_ABI_MAJOR 1
+#define TESSERA_SDK_ABI_MAJOR 2  // 2.0: KV dtypes per pool (k_dtype/v_dtype), KvDtype::kQ8_0
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
 #define TESSERA_SDK_ABI_MINOR 0
