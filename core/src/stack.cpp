@@ -18,8 +18,8 @@ std::shared_ptr<Interface> create_slot(const StackConfig& config, PluginRegistry
 
 }  // namespace
 
-std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& registry,
-                                     const Model::ProgressFn& progress) {
+EngineComponents build_engine_components(const StackConfig& config, PluginRegistry& registry,
+                                         const Model::ProgressFn& progress) {
   EngineComponents c;
   // model.threads fills in a CPU backend left at threads: 0.
   const PluginSlot& backend_slot = config.engine.at(PluginKind::kBackend);
@@ -42,7 +42,12 @@ std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& 
   }
   c.model = Model::load(resolve_model_path(config.model.path), *c.quantizer, progress);
   c.max_context = config.model.context_length;
-  return std::make_unique<Engine>(std::move(c));
+  return c;
+}
+
+std::unique_ptr<Engine> build_engine(const StackConfig& config, PluginRegistry& registry,
+                                     const Model::ProgressFn& progress) {
+  return std::make_unique<Engine>(build_engine_components(config, registry, progress));
 }
 
 }  // namespace tessera
