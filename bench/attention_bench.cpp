@@ -12,9 +12,13 @@
 // serving step of N concurrent clients); the prefill case stays one sequence. --plugin NAME
 // times only that plugin (no naive oracle, so no max |diff|); --decode-only skips prefill.
 //
+// Each row gives the median wall time and the median process CPU time of the calls (on a
+// shared machine other jobs preempt this one: CPU time leaves their turns out).
+//
 // Plugins are loaded from the build's plugin folder (or --plugin-dir / TESSERA_PLUGIN_DIR).
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -133,8 +137,11 @@ Pool make_pool(int context, int batch, KvDtype dtype, std::mt19937& rng) {
 // also sizes the kernel's scratch. A warm-up slower than a second is the measurement (the
 // naive prefill takes tens of seconds; scratch sizing is noise next to that).
 // `num_seqs` sequences of `num_queries` queries each (the last ones of `context` tokens).
+// *cpu_ms: the median process CPU time (all threads) of the same calls — on a shared machine
+// whose other jobs preempt this one, wall time includes their turns, CPU time does not.
 double time_forward(AttentionKernel& kernel, const Pool& pool, int num_seqs, int num_queries,
-                    int context, Executor& executor, int repeat, std::vector<float>* out) {
+                    int context, Executor& executor, int repeat, std::vector<float>* out,
+                    double* cpu_ms) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
   std::vector<float> q(static_cast<size_t>(num_seqs) * num_queries * pool.shape.num_heads *
@@ -151,11 +158,18 @@ double time_forward(AttentionKernel& kernel, const Pool& pool, int num_seqs, int
   batch.k_pool = pool.k.data();
   batch.v_pool = pool.v.data();
   batch.out = out->data();
-  std::vector<double> ms;
+  std::vector<double> ms, cpu;
+  const auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+  };
   for (int r = 0; r <= repeat; ++r) {
+    const double cpu_start = cpu_now();
     const auto start = std::chrono::steady_clock::now();
     Status st = kernel.forward(pool.shape, batch, executor);
     const auto end = std::chrono::steady_clock::now();
+    if (r > 0) cpu.push_back(cpu_now() - cpu_start);
     if (!st.is_ok()) {
       std::fprintf(stderr, "forward failed: %s\n", st.message().c_str());
       std::exit(1);
@@ -165,6 +179,8 @@ double time_forward(AttentionKernel& kernel, const Pool& pool, int num_seqs, int
     if (r == 0 && elapsed > 1000.0) break;
   }
   std::sort(ms.begin(), ms.end());
+  std::sort(cpu.begin(), cpu.end());
+  *cpu_ms = cpu.empty() ? 0.0 : cpu[cpu.size() / 2];
   return ms[ms.size() / 2];
 }
 
@@ -192,7 +208,7 @@ int main(int argc, char** argv) {
               "%d threads; median of %d; decode batch %d\n",
               pool.shape.num_heads, pool.shape.num_kv_heads, pool.shape.head_dim, kv_dtype_name(opt.dtype),
               pool.shape.block_size, opt.context, opt.threads, opt.repeat, opt.batch);
-  std::printf("%-10s %-8s %8s %12s %16s %14s\n", "plugin", "case", "queries", "time ms",
+  std::printf("%-10s %-8s %8s %12s %12s %16s %14s\n", "plugin", "case", "queries", "time ms", "cpu ms",
               "scratch B/thread", "max |diff|");
 
   // The naive kernel is the oracle: run it first, and report every other kernel's largest
@@ -209,15 +225,16 @@ int main(int argc, char** argv) {
       if (opt.decode_only && num_queries != 1) continue;
       const int num_seqs = num_queries == 1 ? opt.batch : 1;
       std::vector<float> out;
+      double cpu_ms = 0.0;
       const double ms = time_forward(*kernel, pool, num_seqs, num_queries, opt.context, executor,
-                                     opt.repeat, &out);
+                                     opt.repeat, &out, &cpu_ms);
       std::vector<float>& ref = num_queries == 1 ? reference_decode : reference_prefill;
       double diff = 0.0;
       if (ref.empty()) ref = out;
       else
         for (size_t i = 0; i < out.size(); ++i) diff = std::max(diff, double(std::abs(out[i] - ref[i])));
-      std::printf("%-10s %-8s %8d %12.3f %16zu %14.2e\n", info->name().c_str(),
-                  num_queries == 1 ? "decode" : "prefill", num_queries * num_seqs, ms,
+      std::printf("%-10s %-8s %8d %12.3f %12.3f %16zu %14.2e\n", info->name().c_str(),
+                  num_queries == 1 ? "decode" : "prefill", num_queries * num_seqs, ms, cpu_ms,
                   kernel->scratch_bytes(pool.shape, num_queries, opt.context), diff);
     }
   }
