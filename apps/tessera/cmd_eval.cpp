@@ -47,6 +47,7 @@ struct EvalOptions {
   std::string reference_logits;
   std::string json_path;
   std::string html_path;
+  int greedy = 0;  // tokens of greedy continuation compared per chunk (needs reference_config)
   bool quiet = false;
 };
 
@@ -122,6 +123,29 @@ void eval_chunk(EvalStack& s, const std::vector<TokenId>& tokens, int32_t first,
   const Status st = s.runner->forward({&seq, 1}, logp);
   if (!st.is_ok()) throw CommandError(s.config.file + ": forward pass failed: " + st.message());
   log_softmax_rows(logp->data(), n_ctx - first, s.runner->vocab_size());
+}
+
+TokenId argmax(const float* row, int32_t vocab) {
+  return static_cast<TokenId>(std::max_element(row, row + vocab) - row);
+}
+
+// `n` greedy tokens after `prompt`, from an empty cache: the prompt in one forward pass, then
+// one token per pass.
+std::vector<TokenId> greedy_continuation(EvalStack& s, const TokenId* prompt, int32_t prompt_len, int32_t n,
+                                         std::vector<float>* logits) {
+  const int32_t vocab = s.runner->vocab_size();
+  std::vector<TokenId> out;
+  out.reserve(n);
+  const ForwardSequence first{prompt, prompt_len, 0, s.block_table, 1};
+  Status st = s.runner->forward({&first, 1}, logits);
+  for (int32_t i = 0; st.is_ok(); ++i) {
+    out.push_back(argmax(logits->data(), vocab));
+    if (i + 1 == n) break;
+    const ForwardSequence step{&out.back(), 1, prompt_len + i, s.block_table, 1};
+    st = s.runner->forward({&step, 1}, logits);
+  }
+  if (!st.is_ok()) throw CommandError(s.config.file + ": forward pass failed: " + st.message());
+  return out;
 }
 
 // ---- saved reference log-probabilities --------------------------------------------------
@@ -274,6 +298,11 @@ std::string fmt_g(double v, int precision) {
 
 void run_eval(const EvalOptions& opt) {
   if (opt.ctx < 8) throw CommandError("--ctx: at least 8 tokens, got " + std::to_string(opt.ctx));
+  if (opt.greedy > 0 && opt.reference_config.empty())
+    throw CommandError("--greedy needs --reference-config (a saved reference holds no continuations)");
+  if (opt.greedy > opt.ctx / 2)
+    throw CommandError("--greedy " + std::to_string(opt.greedy) + ": at most --ctx / 2 = " +
+                       std::to_string(opt.ctx / 2) + " tokens (the continuation follows the first half of a chunk)");
   const std::string text = read_corpus(opt.corpus);
   auto test = load_eval_stack(opt.config, opt.ctx, opt.quiet);
   std::unique_ptr<EvalStack> ref;
@@ -313,6 +342,8 @@ void run_eval(const EvalOptions& opt) {
   std::vector<double> kld, delta_p;
   double sum_kld = 0, sum_kld2 = 0, sum_dp = 0, sum_dp2 = 0;
   size_t same_top = 0;
+  double greedy_prefix_sum = 0;  // per chunk: matching leading tokens / opt.greedy
+  int32_t greedy_identical = 0;
   std::vector<float> logp, logp_ref;
   const size_t scored_rows = static_cast<size_t>(n_ctx - 1 - first);
   if (compare) logp_ref.resize(scored_rows * vocab);
@@ -350,6 +381,14 @@ void run_eval(const EvalOptions& opt) {
       if (std::max_element(lt, lt + vocab) - lt == std::max_element(lr, lr + vocab) - lr) ++same_top;
     }
     chunk_ppl.push_back(this_chunk.ppl());
+    if (opt.greedy > 0) {
+      // Both stacks continue the chunk's first half greedily; how long do they agree?
+      const std::vector<TokenId> a = greedy_continuation(*test, chunk.data(), first, opt.greedy, &logp);
+      const std::vector<TokenId> b = greedy_continuation(*ref, chunk.data(), first, opt.greedy, &logp_ref);
+      const auto same = std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin();
+      greedy_prefix_sum += static_cast<double>(same) / opt.greedy;
+      greedy_identical += same == opt.greedy;
+    }
     if (!opt.quiet) print_progress("evaluating", static_cast<size_t>(c + 1), static_cast<size_t>(n_chunks));
   }
   if (writer) writer->finish();
@@ -410,6 +449,15 @@ void run_eval(const EvalOptions& opt) {
     rows.push_back({"KLD 99.9%", fmt_g(quantile(kld, 0.999), 6)});
     rows.push_back({"KLD max", fmt_g(kld.back(), 6)});
     rows.push_back({"same top-1", fmt(100 * top1, 3) + " %"});
+    if (opt.greedy > 0) {
+      j["greedy"] = {{"tokens", opt.greedy},
+                     {"chunks", n_chunks},
+                     {"mean_agreeing_prefix", greedy_prefix_sum / n_chunks},
+                     {"identical", greedy_identical}};
+      rows.push_back({"greedy " + std::to_string(opt.greedy) + "-token agreement",
+                      fmt(100 * greedy_prefix_sum / n_chunks, 1) + " % (" + std::to_string(greedy_identical) + "/" +
+                          std::to_string(n_chunks) + " identical)"});
+    }
     rows.push_back({"Δp mean", fmt(100 * dp_mean, 4) + " %"});
     rows.push_back({"Δp RMS", fmt(100 * dp_rms, 4) + " %"});
     rows.push_back({"Δp 1% / 99%", fmt(100 * quantile(dp_sorted, 0.01), 3) + " % / " +
@@ -469,6 +517,10 @@ void add_eval_command(CLI::App& app) {
   rc->excludes(rl);
   cmd->add_option("--save-logits", opt->save_logits,
                   "save the evaluated stack's log-probabilities to FILE, for later --reference-logits");
+  cmd->add_option("--greedy", opt->greedy,
+                  "also continue each chunk's first half greedily for N tokens with both stacks and report "
+                  "how long they agree (needs --reference-config)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", opt->json_path, "write the results as JSON to FILE ('-': stdout)");
   cmd->add_option("--html", opt->html_path, "write an HTML report to FILE");
   cmd->add_flag("-q,--quiet", opt->quiet, "no progress output");

@@ -4,7 +4,7 @@
 # runs in seconds:
 #  - perplexity is finite and in a sane range;
 #  - a stack against itself (evaluated in the same run, or through saved log-probabilities)
-#    has KLD exactly 0 and top-1 agreement 100 %;
+#    has KLD exactly 0, top-1 agreement 100 % and identical greedy continuations;
 #  - a lower-precision stack (f16 and q8_0 KV caches against the f32 one) has KLD > 0;
 #  - bad input (missing corpus, a corpus shorter than one chunk, a reference file made with
 #    another context or from another text, a file that is no reference) is one error line and
@@ -65,10 +65,12 @@ eval_args=(eval --corpus "$corpus" --ctx 128 --chunks 3)
 
 # --- perplexity, a stack against itself -----------------------------------------------------
 if "$bin" "${eval_args[@]}" --config f16.yaml --reference-config f16.yaml --json self.json --html self.html \
-    --save-logits f16.logp >self.out 2>self.err; then
+    --save-logits f16.logp --greedy 8 >self.out 2>self.err; then
   check "perplexity is finite and sane" self.json "math.isfinite(r['ppl']) and 2 < r['ppl'] < 200 and r['scored_tokens'] == 3 * 63"
   check "a stack against itself: KLD exactly 0, top-1 100 %" self.json \
     "r['kld']['mean'] == 0 and r['kld']['max'] == 0 and r['top1_agreement'] == 1 and r['delta_p']['rms'] == 0 and r['reference']['ppl'] == r['ppl']"
+  check "a stack against itself: greedy continuations identical" self.json \
+    "r['greedy']['identical'] == 3 and r['greedy']['mean_agreeing_prefix'] == 1"
   if grep -q "KLD 99.9%" self.err && grep -q "same top-1" self.err && grep -q "<svg" self.html; then
     pass "terminal table and HTML report"
   else
@@ -90,9 +92,10 @@ fi
 
 # --- lower precision has a cost -------------------------------------------------------------
 for low in f16 q8; do
-  if "$bin" "${eval_args[@]}" --config $low.yaml --reference-config f32.yaml --json $low-vs-f32.json -q 2>$low.err; then
+  if "$bin" "${eval_args[@]}" --config $low.yaml --reference-config f32.yaml --json $low-vs-f32.json -q --greedy 8 \
+      2>$low.err; then
     check "$low KV cache vs f32 KV cache: KLD > 0" $low-vs-f32.json \
-      "r['kld']['mean'] > 0 and r['kld']['max'] >= r['kld']['p99_9'] >= r['kld']['p99'] >= r['kld']['median'] >= 0 and 0.5 < r['top1_agreement'] <= 1"
+      "r['kld']['mean'] > 0 and r['kld']['max'] >= r['kld']['p99_9'] >= r['kld']['p99'] >= r['kld']['median'] >= 0 and 0.5 < r['top1_agreement'] <= 1 and 0 <= r['greedy']['mean_agreeing_prefix'] <= 1"
   else
     fail "tessera eval $low vs f32: $(tail -3 $low.err)"
   fi
@@ -113,6 +116,8 @@ expect_error_1 "reference with more chunks than saved" "holds 3 chunks" \
   "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --chunks 4 --reference-logits f16.logp
 expect_error_1 "not a reference file" "not a file written by tessera eval" \
   "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --reference-logits "$corpus"
+expect_error_1 "greedy continuations need a reference stack" "--greedy needs --reference-config" \
+  "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --greedy 8 --reference-logits f16.logp
 expect_error_1 "missing reference file" "cannot open" \
   "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --reference-logits no-such.logp
 
