@@ -406,7 +406,7 @@ int main(int argc, char** argv) {
     const int max_rows = std::max(2048, a.prefill_len);
     tessera::KvLayout layout{block_size,
                              std::max(max_batch * decode_blocks, (max_len + block_size - 1) / block_size),
-                             tessera::KvDtype::kF16};
+                             tessera::KvDtype::kF16, tessera::KvDtype::kF16};
     tc::RunnerOptions options;
     options.graph_max_batch = max_batch;
     tc::CudaRunner runner(model, layout, max_rows, max_len, options, 0);

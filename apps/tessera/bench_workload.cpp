@@ -192,14 +192,15 @@ Workload make_workload(const WorkloadSpec& spec, const Tokenizer& tok) {
 
 double kv_block_bytes(const StackConfig& config, const Engine& engine) {
   const auto& h = engine.model().hparams();
-  double elem = 2;
+  KvDtypes dtypes;
   int64_t slots = engine.max_context();
   auto it = config.engine.find(PluginKind::kKvCache);
   if (it != config.engine.end()) {
-    if (it->second.config.get_string("dtype", "f16") == "f32") elem = 4;
+    dtypes = kv_dtypes_from_config(it->second.config);
     slots = it->second.config.get_int("block_size", slots);
   }
-  return static_cast<double>(slots) * h.num_layers * 2.0 * h.num_kv_heads * h.head_dim * elem;
+  const KvModelShape shape{h.num_layers, h.num_kv_heads, h.head_dim, 0, 0};
+  return static_cast<double>(KvLayout::block_bytes(shape, static_cast<int32_t>(slots), dtypes.k, dtypes.v));
 }
 
 RunResult run_workload(Engine& engine, const Workload& w, double block_bytes, const ProgressFn& progress) {

@@ -68,13 +68,20 @@ void CpuBackend::add(float* inout, const float* x, int64_t n) {
 
 void CpuBackend::store_kv(void* pool, KvDtype dtype, const float* src, const int32_t* slots,
                           int64_t rows, int64_t row_elems) {
+  const size_t row_bytes = kv_row_bytes(dtype, row_elems);
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = src + r * row_elems;
-    const int64_t offset = static_cast<int64_t>(slots[r]) * row_elems;
+    void* dst = static_cast<uint8_t*>(pool) + static_cast<size_t>(slots[r]) * row_bytes;
     if (dtype == KvDtype::kF32) {
-      std::memcpy(static_cast<float*>(pool) + offset, s, row_elems * sizeof(float));
+      std::memcpy(dst, s, row_elems * sizeof(float));
+    } else if (dtype == KvDtype::kF16) {
+      fp32_to_fp16_row(s, static_cast<uint16_t*>(dst), row_elems);
     } else {
-      fp32_to_fp16_row(s, static_cast<uint16_t*>(pool) + offset, row_elems);
+      // Q8_0 blocks of 32 along the row (heads are multiples of 32, so no block straddles
+      // two heads), quantized as llama.cpp quantizes a q8_0 KV cache on x86: its run-time
+      // quantize_row_q8_0 (inverse scale 127/amax, round half to even; AVX2 when available,
+      // the portable version writes the same bytes).
+      quantize_activation_row(GgmlType::Q8_0, s, dst, row_elems);
     }
   }
 }

@@ -20,27 +20,36 @@ ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quanti
   attention_shape_.head_dim = hp.head_dim;
   attention_shape_.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
   attention_shape_.block_size = layout.block_size;
-  attention_shape_.kv_dtype = layout.dtype;
+  attention_shape_.k_dtype = layout.k_dtype;
+  attention_shape_.v_dtype = layout.v_dtype;
+  for (KvDtype t : {layout.k_dtype, layout.v_dtype})
+    if (!kv_dtype_fits(t, hp.head_dim))
+      throw std::runtime_error(std::string("KV dtype ") + kv_dtype_name(t) +
+                               " needs head_dim to be a multiple of 32, the model's is " +
+                               std::to_string(hp.head_dim));
 
-  block_stride_bytes_ = static_cast<size_t>(layout.block_size) * hp.num_kv_heads * hp.head_dim *
-                        kv_dtype_size(layout.dtype);
-  const size_t layer_bytes = block_stride_bytes_ * static_cast<size_t>(layout.num_blocks);
+  const KvModelShape shape{hp.num_layers, hp.num_kv_heads, hp.head_dim, 0, 0};
+  k_block_bytes_ = KvLayout::pool_block_bytes(shape, layout.block_size, layout.k_dtype);
+  v_block_bytes_ = KvLayout::pool_block_bytes(shape, layout.block_size, layout.v_dtype);
+  const size_t k_layer_bytes = k_block_bytes_ * static_cast<size_t>(layout.num_blocks);
+  const size_t v_layer_bytes = v_block_bytes_ * static_cast<size_t>(layout.num_blocks);
+  const size_t layer_bytes = k_layer_bytes + v_layer_bytes;
   for (int32_t l = 0; l < hp.num_layers; ++l) {
-    void* k = backend.allocate(layer_bytes);
-    void* v = backend.allocate(layer_bytes);
+    void* k = backend.allocate(k_layer_bytes);
+    void* v = backend.allocate(v_layer_bytes);
     if (!k || !v) {
       if (k) backend.release(k);
       if (v) backend.release(v);
       for (void* p : k_pools_) backend.release(p);
       for (void* p : v_pools_) backend.release(p);
       throw std::runtime_error("cannot allocate the KV pool: " +
-                               std::to_string(2 * layer_bytes * hp.num_layers) + " bytes on " +
+                               std::to_string(layer_bytes * hp.num_layers) + " bytes on " +
                                backend.device_name() + "; lower engine.kv_cache.memory");
     }
     k_pools_.push_back(k);
     v_pools_.push_back(v);
   }
-  kv_pool_bytes_ = 2 * layer_bytes * hp.num_layers;
+  kv_pool_bytes_ = layer_bytes * hp.num_layers;
   ensure_capacity(std::max(1, max_batch_tokens), 1);
 }
 
@@ -145,8 +154,8 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
     add_bias(v_.data(), w.bv, num_rows);
     backend_.rope(q_.data(), positions_.data(), num_rows, hp.num_heads, hp.rope);
     backend_.rope(k_.data(), positions_.data(), num_rows, hp.num_kv_heads, hp.rope);
-    backend_.store_kv(k_pools_[l], layout_.dtype, k_.data(), slots_.data(), num_rows, kv_dim);
-    backend_.store_kv(v_pools_[l], layout_.dtype, v_.data(), slots_.data(), num_rows, kv_dim);
+    backend_.store_kv(k_pools_[l], layout_.k_dtype, k_.data(), slots_.data(), num_rows, kv_dim);
+    backend_.store_kv(v_pools_[l], layout_.v_dtype, v_.data(), slots_.data(), num_rows, kv_dim);
     batch.k_pool = k_pools_[l];
     batch.v_pool = v_pools_[l];
     Status st = attention_.forward(attention_shape_, batch, backend_.executor());
@@ -187,10 +196,8 @@ void ModelRunner::copy_blocks(std::span<const BlockCopy> copies) {
     for (size_t l = 0; l < k_pools_.size(); ++l) {
       auto* k = static_cast<uint8_t*>(k_pools_[l]);
       auto* v = static_cast<uint8_t*>(v_pools_[l]);
-      backend_.copy_on_device(k + c.dst * block_stride_bytes_, k + c.src * block_stride_bytes_,
-                              block_stride_bytes_);
-      backend_.copy_on_device(v + c.dst * block_stride_bytes_, v + c.src * block_stride_bytes_,
-                              block_stride_bytes_);
+      backend_.copy_on_device(k + c.dst * k_block_bytes_, k + c.src * k_block_bytes_, k_block_bytes_);
+      backend_.copy_on_device(v + c.dst * v_block_bytes_, v + c.src * v_block_bytes_, v_block_bytes_);
     }
   }
 }

@@ -291,8 +291,8 @@ double run_attention_case(const AttnCase& c, bool decode, bool through_plugin) {
   const tc::AttnShape sh{c.heads, c.kv_heads, c.head_dim, scale, c.block_size, c.f16};
   if (through_plugin) {
     auto kernel = tessera::test::create_plugin<tessera::AttentionKernel>("cuda-flash", "{}");
-    tessera::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, scale, c.block_size,
-                                  c.f16 ? tessera::KvDtype::kF16 : tessera::KvDtype::kF32};
+    const tessera::KvDtype dtype = c.f16 ? tessera::KvDtype::kF16 : tessera::KvDtype::kF32;
+    tessera::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, scale, c.block_size, dtype, dtype};
     tessera::AttentionBatch batch;
     batch.sequences = sdk_seqs;
     batch.q = dq.ptr;
@@ -581,7 +581,7 @@ float top2_margin(const float* l, int32_t n) {
 TEST_CASE("greedy generation on a synthetic SmolLM2-shaped model equals the CPU backend") {
   const auto dir = tessera::test::scratch_dir("cuda_synthetic");
   const std::string path = write_synthetic_model(dir, SyntheticShape{}, GgmlType::Q8_0, 1234);
-  tessera::KvLayout layout{16, 64, tessera::KvDtype::kF16};
+  tessera::KvLayout layout{16, 64, tessera::KvDtype::kF16, tessera::KvDtype::kF16};
   tc::RunnerOptions options;  // defaults: GEMV up to 8 rows, graphs on
   Runners r = make_runners(path, layout, 64, options);
   const int32_t vocab = r.model->hparams().vocab_size;
@@ -658,7 +658,7 @@ TEST_CASE("GEMM path (cuBLAS, f16) and eager decode agree with the CPU logits on
   for (GgmlType type : {GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::F16}) {
     CAPTURE(tessera::ggml_type_name(type));
     const std::string path = write_synthetic_model(dir, shape, type, 99);
-    tessera::KvLayout layout{16, 32, tessera::KvDtype::kF32};
+    tessera::KvLayout layout{16, 32, tessera::KvDtype::kF32, tessera::KvDtype::kF32};
     tc::RunnerOptions options;
     options.gemv_max_tokens = 0;  // every matmul through cuBLAS
     options.cuda_graphs = false;

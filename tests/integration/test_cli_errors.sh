@@ -14,25 +14,7 @@ passed=0
 failed=0
 
 # expect_error NAME EXPECTED_SUBSTRING COMMAND...
-expect_error() {
-  local name=$1 expected=$2
-  shift 2
-  "$@" >stdout.txt 2>stderr.all.txt
-  local rc=$?
-  # Model-loading progress lines are not errors.
-  grep -v '^loading model \[' stderr.all.txt >stderr.txt
-  local lines
-  lines=$(grep -c . stderr.txt)
-  if [[ $rc -ne 0 && $rc -lt 128 && $lines -eq 1 ]] && grep -q '^error: ' stderr.txt &&
-     grep -qF -- "$expected" stderr.txt; then
-    echo "ok   $name: $(cat stderr.txt)"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $name (exit $rc, $lines stderr lines, wanted '$expected'):"
-    sed 's/^/     /' stderr.txt
-    failed=$((failed + 1))
-  fi
-}
+source "$TESSERA_SOURCE_DIR/tests/support/expect_error.sh"
 
 # --- GGUF files ---------------------------------------------------------------------------
 head -c 100000 "$vocab" >truncated.gguf

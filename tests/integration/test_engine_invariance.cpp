@@ -111,11 +111,15 @@ TEST_CASE("greedy output is invariant across schedulers, KV caches, block sizes,
   }
 }
 
-TEST_CASE("cancellation, forks and bad requests leave no KV block behind") {
-  if (!test::have_real_model()) return;
-  test::Stack s = make_stack("lifecycle",
+namespace {
+
+// Cancellation mid-prefill, n = 3 forks (copy on write of shared blocks) and refused requests
+// on a paged cache of `dtype`; afterwards no block is in use.
+void check_lifecycle(const std::string& dtype) {
+  test::Stack s = make_stack("lifecycle-" + dtype,
                        "  scheduler: {plugin: chunked-prefill, chunk_size: 16, max_batch_tokens: 48}\n"
-                       "  kv_cache: {plugin: paged, block_size: 8, memory: 64MiB, prefix_caching: true}\n");
+                       "  kv_cache: {plugin: paged, block_size: 8, memory: 64MiB, prefix_caching: true, dtype: " +
+                           dtype + "}\n");
   Engine& engine = *s.engine;
   const Tokenizer& tok = engine.model().tokenizer();
   std::string long_text;
@@ -183,6 +187,55 @@ TEST_CASE("cancellation, forks and bad requests leave no KV block behind") {
   for (const auto& [choice, tokens] : samples) CHECK(tokens.size() == 6);
   CHECK((samples[0] != samples[1] || samples[1] != samples[2]));  // seeds differ per sample
   check_all_blocks_free(engine);
+}
+
+}  // namespace
+
+TEST_CASE("cancellation, forks and bad requests leave no KV block behind") {
+  if (!test::have_real_model()) return;
+  check_lifecycle("f16");
+}
+
+TEST_CASE("q8_0 KV cache: cancellation, forks and bad requests leave no KV block behind") {
+  if (!test::have_real_model()) return;
+  check_lifecycle("q8_0");
+}
+
+TEST_CASE("q8_0 KV cache: greedy output is invariant across schedulers, caches, block sizes and prefix hits") {
+  // A q8_0 block holds the same quantized values whichever cache, block size or chunk wrote
+  // it (each token's row is quantized on its own), so batching must not change greedy
+  // output here either. Reference: each prompt alone on a contiguous q8_0 cache.
+  if (!test::have_real_model()) return;
+  for (const char* kernel : {"flash", "naive"}) {
+    INFO("attention " << kernel);
+    const std::string attention = std::string("  attention: {plugin: ") + kernel + "}\n";
+    test::Stack ref = make_stack(std::string("q8-alone-") + kernel,
+                           "  kv_cache: {plugin: contiguous, memory: 256MiB, dtype: q8_0}\n" + attention);
+    const auto prompts = make_prompts(ref.engine->model().tokenizer());
+    std::vector<std::vector<TokenId>> alone;
+    for (const auto& p : prompts) alone.push_back(run(*ref.engine, {p})[0]);
+    struct Variant { std::string name, yaml; };
+    const std::vector<Variant> variants = {
+        {"continuous-paged16",
+         "  scheduler: {plugin: continuous, max_num_seqs: 12}\n"
+         "  kv_cache: {plugin: paged, block_size: 16, memory: 128MiB, dtype: q8_0, prefix_caching: false}\n"},
+        {"chunked16-paged8-prefix",
+         "  scheduler: {plugin: chunked-prefill, chunk_size: 16, max_batch_tokens: 64}\n"
+         "  kv_cache: {plugin: paged, block_size: 8, memory: 128MiB, dtype: q8_0, prefix_caching: true}\n"},
+    };
+    for (const Variant& v : variants) {
+      INFO("stack " << v.name);
+      test::Stack s = make_stack("q8-" + v.name + "-" + kernel, v.yaml + attention);
+      const auto out = run(*s.engine, prompts);
+      int same = 0;
+      for (size_t i = 0; i < prompts.size(); ++i) same += out[i] == alone[i];
+      MESSAGE("q8_0 " << v.name << " + " << kernel << ": " << same << "/" << prompts.size()
+                      << " outputs identical to the prompts run alone; prefix-cache hit tokens "
+                      << s.engine->stats().kv.prefix_hit_tokens);
+      CHECK(same == static_cast<int>(prompts.size()));
+      check_all_blocks_free(*s.engine);
+    }
+  }
 }
 
 TEST_CASE("a KV pool too small for one request is refused at start-up") {

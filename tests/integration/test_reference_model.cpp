@@ -137,8 +137,8 @@ TEST_CASE("last-position logits are close to llama.cpp's") {
   auto model = Model::load(test::real_model_path(), *quantizer);
   CpuBackend backend(2);
   // 512 token slots in blocks 0..31 in order; f32 like the fixtures, f16 reported beside.
-  ModelRunner runner(*model, backend, *quantizer, *attention, KvLayout{16, 32, KvDtype::kF32}, 256);
-  ModelRunner runner_f16(*model, backend, *quantizer, *attention, KvLayout{16, 32, KvDtype::kF16}, 256);
+  ModelRunner runner(*model, backend, *quantizer, *attention, KvLayout{16, 32, KvDtype::kF32, KvDtype::kF32}, 256);
+  ModelRunner runner_f16(*model, backend, *quantizer, *attention, KvLayout{16, 32, KvDtype::kF16, KvDtype::kF16}, 256);
   std::vector<int32_t> table(32);
   std::iota(table.begin(), table.end(), 0);
   double worst_fraction = 0;
@@ -290,8 +290,8 @@ TEST_CASE("the interleaved Q4_1 layout: same perplexity as ggml's order, logits 
   auto ggml_model = Model::load(test::real_model_path(), *ggml_quantizer);
   auto model = Model::load(test::real_model_path(), *quantizer);
   CpuBackend backend(2);
-  ModelRunner ggml_runner(*ggml_model, backend, *ggml_quantizer, *attention, KvLayout{16, 64, KvDtype::kF32}, 1024);
-  ModelRunner runner(*model, backend, *quantizer, *attention, KvLayout{16, 64, KvDtype::kF32}, 1024);
+  ModelRunner ggml_runner(*ggml_model, backend, *ggml_quantizer, *attention, KvLayout{16, 64, KvDtype::kF32, KvDtype::kF32}, 1024);
+  ModelRunner runner(*model, backend, *quantizer, *attention, KvLayout{16, 64, KvDtype::kF32, KvDtype::kF32}, 1024);
 
   std::vector<int32_t> table(64);
   std::iota(table.begin(), table.end(), 0);
@@ -314,7 +314,7 @@ TEST_CASE("the interleaved Q4_1 layout: same perplexity as ggml's order, logits 
   const TextScore ref = score_text(ggml_runner, tokens, vocab);
   const TextScore got = score_text(runner, tokens, vocab);
   // For scale, the same comparison for a change the project already accepts: the f16 KV cache.
-  ModelRunner f16_runner(*ggml_model, backend, *ggml_quantizer, *attention, KvLayout{16, 64, KvDtype::kF16}, 1024);
+  ModelRunner f16_runner(*ggml_model, backend, *ggml_quantizer, *attention, KvLayout{16, 64, KvDtype::kF16, KvDtype::kF16}, 1024);
   const TextScore f16 = score_text(f16_runner, tokens, vocab);
   const auto agreement = [&](const TextScore& other) {
     size_t same = 0;

@@ -155,4 +155,10 @@ TEST_CASE("decode steps allocate nothing once the batch is running") {
                                     "  attention: {plugin: flash}\n"
                                     "  drafter: {plugin: ngram, num_draft_tokens: 4, min_ngram: 1, max_ngram: 3, adaptive: false}\n",
                                     8, 24, 200, /*rehearse=*/true) == 0);
+  // q8_0 K/V: flash widens tiles into its preallocated scratch, store_kv quantizes in place.
+  CHECK(allocations_in_steady_state("continuous-paged-flash-q8_0",
+                                    "  scheduler: {plugin: continuous, max_num_seqs: 8}\n"
+                                    "  kv_cache: {plugin: paged, block_size: 16, memory: 64MiB, dtype: q8_0}\n"
+                                    "  attention: {plugin: flash}\n",
+                                    4, 24) == 0);
 }

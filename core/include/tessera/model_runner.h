@@ -54,7 +54,8 @@ class ModelRunner final : public ForwardRunner {
   AttentionShape attention_shape_;
   std::vector<void*> k_pools_, v_pools_;  // one per layer
   size_t kv_pool_bytes_ = 0;
-  size_t block_stride_bytes_ = 0;         // bytes of one block in one layer's pool
+  size_t k_block_bytes_ = 0;              // bytes of one block in one layer's K pool
+  size_t v_block_bytes_ = 0;              // and in its V pool (K and V dtypes may differ)
 
   // Scratch, grown on demand (never shrunk) so the steady state allocates nothing.
   int32_t capacity_rows_ = 0;

@@ -37,6 +37,10 @@ class CudaFlashAttention final : public AttentionKernel, public DeviceAttentionK
   // device first (the caller's stream is not known through this interface) and returns when
   // the result is complete.
   Status forward(const AttentionShape& shape, const AttentionBatch& batch, Executor&) override {
+    if (shape.k_dtype != shape.v_dtype || shape.k_dtype == KvDtype::kQ8_0)
+      return invalid_argument(std::string("cuda-flash: reads f16 or f32 KV pools with one dtype for K and V, got K ") +
+                              kv_dtype_name(shape.k_dtype) + ", V " + kv_dtype_name(shape.v_dtype) +
+                              " (q8_0 is read by attention.flash and attention.naive)");
     try {
       if (!stream_) cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
       const cuda::AttnShape sh = to_cuda(shape);
@@ -108,7 +112,7 @@ class CudaFlashAttention final : public AttentionKernel, public DeviceAttentionK
  private:
   static cuda::AttnShape to_cuda(const AttentionShape& s) {
     return cuda::AttnShape{s.num_heads, s.num_kv_heads, s.head_dim, s.scale, s.block_size,
-                           s.kv_dtype == KvDtype::kF16};
+                           s.k_dtype == KvDtype::kF16};
   }
 
   int32_t decode_splits_ = 0;

@@ -54,18 +54,25 @@ class FlashAttention final : public AttentionKernel {
       return invalid_argument("attention.flash: num_heads (" + std::to_string(shape.num_heads) +
                               ") must be a multiple of num_kv_heads (" +
                               std::to_string(shape.num_kv_heads) + ")");
+    for (KvDtype t : {shape.k_dtype, shape.v_dtype})
+      if (!kv_dtype_fits(t, shape.head_dim))
+        return invalid_argument(std::string("attention.flash: KV dtype ") + kv_dtype_name(t) +
+                                " needs head_dim % 32 == 0, got " + std::to_string(shape.head_dim));
     int32_t max_queries = 1;
     int32_t max_context = 1;
     const int32_t group = shape.num_heads / shape.num_kv_heads;
     const int32_t num_threads = std::max(1, executor.num_threads());
     // A small decode batch has fewer (sequence, KV head) tasks than keep the threads evenly
     // busy (batch 1 of a 3-KV-head model: 3 tasks on 2 threads, one thread does 2). Then each
-    // decode task is split per query head: a decode row reads K/V in place, so a split costs
-    // no extra copying, only K/V reads that hit the cache.
+    // decode task is split per query head: a decode row reads f16/f32 K/V in place, so a
+    // split costs no extra copying, only K/V reads that hit the cache. A q8_0 (or mixed) pool
+    // is widened a tile at a time per task, so there a split would widen each tile once per
+    // head: not split.
     int64_t decode_tasks = 0;
     for (const AttentionSequence& seq : batch.sequences)
       if (seq.num_queries == 1) decode_tasks += shape.num_kv_heads;
-    const bool split_heads = decode_tasks > 0 && decode_tasks < 4 * num_threads;
+    const bool in_place = shape.k_dtype == shape.v_dtype && shape.k_dtype != KvDtype::kQ8_0;
+    const bool split_heads = in_place && decode_tasks > 0 && decode_tasks < 4 * num_threads;
     // With many decode sequences, one task per sequence covers all its KV heads: the pool
     // stores a position's K (or V) rows of all KV heads side by side, so reading them together
     // streams whole cache lines in order instead of a third of every position's bytes per task.

@@ -11,6 +11,7 @@
 #include "flash_kernel.h"
 #include "tessera/ggml_simd.h"
 #include "tessera/ggml_types.h"
+#include "tessera/sdk/kv_rows.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -240,17 +241,6 @@ inline void rescale_accumulate(float* o, float alpha, const float* p, VRow v_row
   rescale_accumulate_tail(o, alpha, p, v_row, cols, k0, d);
 }
 
-// Widens n halves to floats (exact in both builds).
-inline void widen_f16(const uint16_t* src, float* dst, int32_t n) {
-  int32_t i = 0;
-#if TESSERA_FLASH_AVX2
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i,
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-#endif
-  for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
-}
-
 // dst[i] = src[i] rounded to f16 and widened back (Q at an f16 cache's precision), or copied
 // when !half. The library's fp32_to_fp16 / fp16_to_fp32 are out-of-line calls: done per
 // element they were ~15% of a 16-sequence decode step. F16C's vcvtps2ph with
@@ -271,26 +261,24 @@ inline void round_queries(const float* src, float* dst, int32_t n, bool half) {
   for (; i < n; ++i) dst[i] = fp16_to_fp32(fp32_to_fp16(src[i]));
 }
 
-// Widens positions [begin, end) of KV head `kv_head` into dst[end - begin][head_dim],
-// walking the block table a block at a time.
-inline void load_tile(const AttentionShape& s, const void* pool, const AttentionSequence& seq,
-                      int32_t begin, int32_t end, int32_t kv_head, float* dst) {
+// Widens positions [begin, end) of KV head `kv_head` from a pool of `dtype` rows into
+// dst[end - begin][head_dim] (exactly: tessera/sdk/kv_rows.h), walking the block table a
+// block at a time.
+inline void load_tile(const AttentionShape& s, KvDtype dtype, const void* pool,
+                      const AttentionSequence& seq, int32_t begin, int32_t end, int32_t kv_head,
+                      float* dst) {
   const int32_t d = s.head_dim;
-  const int64_t row_stride = static_cast<int64_t>(s.num_kv_heads) * d;
+  const auto* base = static_cast<const uint8_t*>(pool);
+  const size_t head_bytes = kv_row_bytes(dtype, d);
+  const size_t slot_bytes = head_bytes * static_cast<size_t>(s.num_kv_heads);
   for (int32_t pos = begin; pos < end;) {
     const int32_t in_block = pos % s.block_size;
     const int32_t run = std::min(end - pos, s.block_size - in_block);  // rows left in block
-    const int64_t first = (static_cast<int64_t>(seq.block_table[pos / s.block_size]) *
-                               s.block_size + in_block) * row_stride + kv_head * d;
-    for (int32_t r = 0; r < run; ++r, dst += d) {
-      const int64_t index = first + r * row_stride;
-      if (s.kv_dtype == KvDtype::kF32) {
-        const float* src = static_cast<const float*>(pool) + index;
-        std::copy(src, src + d, dst);
-      } else {
-        widen_f16(static_cast<const uint16_t*>(pool) + index, dst, d);
-      }
-    }
+    const uint8_t* row = base + kv_row_offset(dtype,
+                                              static_cast<int64_t>(seq.block_table[pos / s.block_size]) *
+                                                      s.block_size + in_block,
+                                              s.num_kv_heads, kv_head, d);
+    for (int32_t r = 0; r < run; ++r, dst += d, row += slot_bytes) widen_kv_row(dtype, row, dst, d);
     pos += run;
   }
 }
@@ -548,24 +536,28 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   float* v_tile = scratch + lay.v;
   int64_t* slots = reinterpret_cast<int64_t*>(scratch + lay.slots);
 
-  // Like the naive kernel (and llama.cpp): with an f16 cache Q is rounded to f16 before it
+  // Like the naive kernel (and llama.cpp): with an f16 K cache Q is rounded to f16 before it
   // meets K. The probabilities stay f32 here since they are only final at the end.
-  const bool half = s.kv_dtype == KvDtype::kF16;
+  const bool half = s.k_dtype == KvDtype::kF16;
+  // f32 and f16 pools with one dtype are read where they lie in decode; Q8_0 or mixed pools
+  // are widened a tile at a time (exactly, so the bits are those of an f32 pool holding the
+  // same values: every path goes through tile_step_group).
+  const bool in_place = s.k_dtype == s.v_dtype && s.k_dtype != KvDtype::kQ8_0;
   if (task.kv_head_end > task.kv_head + 1) {
     const int32_t kv_end = seq.context_len;  // one query position: the whole context
     // A whole decode sequence (one query position, every head of KV heads [kv_head,
     // kv_head_end)): per tile, the K/V rows of all those KV heads are prefetched together
     // (they are contiguous), then each group of query heads runs against its KV head.
+    for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
+      const float* src = batch.q + seq.query_start * q_stride + static_cast<int64_t>(kv) * group * d;
+      round_queries(src, q_tile + static_cast<size_t>(kv) * group * d, group * d, half);
+    }
+    const size_t rows_all = static_cast<size_t>(task.kv_head_end) * group;
+    std::fill(o_tile, o_tile + rows_all * d, 0.0f);
+    std::fill(m, m + rows_all, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + rows_all, 0.0);
     const auto run = [&](auto element) {
       using T = decltype(element);
-      for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
-        const float* src = batch.q + seq.query_start * q_stride + static_cast<int64_t>(kv) * group * d;
-        round_queries(src, q_tile + static_cast<size_t>(kv) * group * d, group * d, half);
-      }
-      const size_t rows_all = static_cast<size_t>(task.kv_head_end) * group;
-      std::fill(o_tile, o_tile + rows_all * d, 0.0f);
-      std::fill(m, m + rows_all, -std::numeric_limits<float>::infinity());
-      std::fill(l, l + rows_all, 0.0);
       const int32_t kv_heads = task.kv_head_end - task.kv_head;
       for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
         const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
@@ -586,19 +578,32 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
                           srow, o_tile + base * d, m + base, l + base, group);
         }
       }
-      for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
-        float* dst = batch.out + seq.query_start * q_stride + static_cast<int64_t>(kv) * group * d;
-        for (int32_t g = 0; g < group; ++g) {
-          const size_t r = static_cast<size_t>(kv) * group + g;
-          const float inv = static_cast<float>(1.0 / l[r]);
-          for (int32_t k = 0; k < d; ++k) dst[g * d + k] = o_tile[r * d + k] * inv;
+    };
+    if (!in_place) {
+      for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
+        const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
+        for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
+          load_tile(s, s.k_dtype, batch.k_pool, seq, j0, j1, kv, k_tile);
+          load_tile(s, s.v_dtype, batch.v_pool, seq, j0, j1, kv, v_tile);
+          const size_t base = static_cast<size_t>(kv) * group;
+          tile_step_group(
+              q_tile + base * d, [&](int32_t c) -> const float* { return k_tile + static_cast<size_t>(c) * d; },
+              [&](int32_t c) -> const float* { return v_tile + static_cast<size_t>(c) * d; }, j1 - j0, d,
+              s.scale, srow, o_tile + base * d, m + base, l + base, group);
         }
       }
-    };
-    if (half) {
+    } else if (half) {
       run(uint16_t{});
     } else {
       run(float{});
+    }
+    for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
+      float* dst = batch.out + seq.query_start * q_stride + static_cast<int64_t>(kv) * group * d;
+      for (int32_t g = 0; g < group; ++g) {
+        const size_t r = static_cast<size_t>(kv) * group + g;
+        const float inv = static_cast<float>(1.0 / l[r]);
+        for (int32_t k = 0; k < d; ++k) dst[g * d + k] = o_tile[r * d + k] * inv;
+      }
     }
     return;
   }
@@ -613,7 +618,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   std::fill(l, l + rows, 0.0);
 
   const int32_t kv_end = first_visible_end + task.q_end - 1;  // exclusive, for the last query
-  if (num_q == 1) {
+  if (num_q == 1 && in_place) {
     // One query position (decode): nothing would reuse a widened tile, so K and V are read
     // where they lie in the pool, f16 rows widened in registers.
     const auto run = [&](auto element) {
@@ -629,8 +634,8 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   } else {
     for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
       const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
-      load_tile(s, batch.k_pool, seq, j0, j1, task.kv_head, k_tile);
-      load_tile(s, batch.v_pool, seq, j0, j1, task.kv_head, v_tile);
+      load_tile(s, s.k_dtype, batch.k_pool, seq, j0, j1, task.kv_head, k_tile);
+      load_tile(s, s.v_dtype, batch.v_pool, seq, j0, j1, task.kv_head, v_tile);
       const auto v_row = [&](int32_t c) -> const float* { return v_tile + static_cast<size_t>(c) * d; };
       for (int32_t i = 0; i < num_q; ++i) {
         // Causal mask: the visible part of this tile is a prefix of it.

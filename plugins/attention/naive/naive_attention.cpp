@@ -10,6 +10,7 @@
 #include "naive_kernel.h"
 #include "tessera/ggml_types.h"
 #include "tessera/sdk.h"
+#include "tessera/sdk/kv_rows.h"
 
 namespace tessera {
 namespace {
@@ -36,6 +37,10 @@ class NaiveAttention final : public AttentionKernel {
 
   Status forward(const AttentionShape& shape, const AttentionBatch& batch,
                  Executor& executor) override {
+    for (KvDtype t : {shape.k_dtype, shape.v_dtype})
+      if (!kv_dtype_fits(t, shape.head_dim))
+        return invalid_argument(std::string("attention.naive: KV dtype ") + kv_dtype_name(t) +
+                                " needs head_dim % 32 == 0, got " + std::to_string(shape.head_dim));
     const int32_t num_threads = executor.num_threads();
     if (static_cast<int32_t>(scratch_.size()) < num_threads) scratch_.resize(num_threads);
     const int32_t heads = shape.num_heads;
@@ -74,19 +79,14 @@ class NaiveAttention final : public AttentionKernel {
   }
 
  private:
-  // Reads element row `position` of KV head `kv_head` from a pool, widened to float.
-  static void load_row(const AttentionShape& s, const void* pool, const AttentionSequence& seq,
+  // Reads element row `position` of KV head `kv_head` from a pool of `dtype`, widened to
+  // float (exactly, tessera/sdk/kv_rows.h).
+  static void load_row(const AttentionShape& s, const void* pool, KvDtype dtype, const AttentionSequence& seq,
                        int32_t position, int32_t kv_head, float* out) {
     const int64_t slot = static_cast<int64_t>(seq.block_table[position / s.block_size]) *
                              s.block_size + position % s.block_size;
-    const int64_t index = (slot * s.num_kv_heads + kv_head) * s.head_dim;
-    if (s.kv_dtype == KvDtype::kF32) {
-      const float* src = static_cast<const float*>(pool) + index;
-      std::copy(src, src + s.head_dim, out);
-    } else {
-      const uint16_t* src = static_cast<const uint16_t*>(pool) + index;
-      for (int32_t i = 0; i < s.head_dim; ++i) out[i] = fp16_to_fp32(src[i]);
-    }
+    widen_kv_row(dtype, static_cast<const uint8_t*>(pool) + kv_row_offset(dtype, slot, s.num_kv_heads, kv_head, s.head_dim),
+                 out, s.head_dim);
   }
 
   // The reduction orders below are those of llama.cpp's x86 CPU path, so that logits match
@@ -139,14 +139,16 @@ class NaiveAttention final : public AttentionKernel {
     float* q_rounded = row + d;
     const int64_t q_stride = static_cast<int64_t>(s.num_heads) * d;
 
-    // With an f16 cache the products are taken at the cache's precision: Q and the softmax
-    // probabilities are rounded to f16 before they meet K and V (what llama.cpp's CPU path and
-    // half-precision GPU kernels do).
-    const bool half = s.kv_dtype == KvDtype::kF16;
-    auto at_cache_precision = [half](float v) { return half ? fp16_to_fp32(fp32_to_fp16(v)) : v; };
+    // With an f16 cache the products are taken at the cache's precision: Q is rounded to f16
+    // before it meets an f16 K, the softmax probabilities before they meet an f16 V (what
+    // llama.cpp's CPU path and half-precision GPU kernels do). A Q8_0 pool is read as the
+    // floats it holds (exact), against f32 Q and probabilities.
+    const bool q_half = s.k_dtype == KvDtype::kF16;
+    const bool p_half = s.v_dtype == KvDtype::kF16;
+    auto to_half = [](float v) { return fp16_to_fp32(fp32_to_fp16(v)); };
     // S = scale * Q K^T, causally masked.
     for (int32_t j = 0; j < ctx; ++j) {
-      load_row(s, batch.k_pool, seq, j, kv_head, row);
+      load_row(s, batch.k_pool, s.k_dtype, seq, j, kv_head, row);
       for (int32_t i = 0; i < nq; ++i) {
         const int32_t last_visible = ctx - nq + i;
         float* out = scores + static_cast<size_t>(i) * ctx + j;
@@ -155,7 +157,7 @@ class NaiveAttention final : public AttentionKernel {
           continue;
         }
         const float* q = batch.q + (seq.query_start + i) * q_stride + head * d;
-        for (int32_t k = 0; k < d; ++k) q_rounded[k] = at_cache_precision(q[k]);
+        for (int32_t k = 0; k < d; ++k) q_rounded[k] = q_half ? to_half(q[k]) : q[k];
         *out = dot_four_accumulators(row, q_rounded, d) * s.scale;
       }
     }
@@ -173,12 +175,12 @@ class NaiveAttention final : public AttentionKernel {
         sum += static_cast<double>(sum_lanes(group));
       }
       const float inv = static_cast<float>(1.0 / sum);
-      for (int32_t j = 0; j < ctx; ++j) srow[j] = at_cache_precision(srow[j] * inv);
+      for (int32_t j = 0; j < ctx; ++j) srow[j] = p_half ? to_half(srow[j] * inv) : srow[j] * inv;
     }
     // O = P V with one 8-lane accumulator per output element (lane = position mod 8).
     std::fill(lanes, lanes + lane_floats, 0.0f);
     for (int32_t j = 0; j < ctx; ++j) {
-      load_row(s, batch.v_pool, seq, j, kv_head, row);
+      load_row(s, batch.v_pool, s.v_dtype, seq, j, kv_head, row);
       for (int32_t i = 0; i < nq; ++i) {
         const float p = scores[static_cast<size_t>(i) * ctx + j];
         if (p == 0.0f) continue;

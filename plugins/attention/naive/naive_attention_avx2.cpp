@@ -19,6 +19,7 @@
 
 #include "naive_kernel.h"
 #include "tessera/ggml_simd.h"
+#include "tessera/sdk/kv_rows.h"
 
 namespace tessera::naive {
 
@@ -65,31 +66,25 @@ void run_rows_avx2(const AttentionShape& s, const AttentionBatch& batch,
   float* vt = keys + static_cast<size_t>(padded) * d;             // [padded/8][d][8]
   float* scores = vt + static_cast<size_t>(padded) * d;           // [rows][padded]
   float* qr = scores + static_cast<size_t>(rows) * padded;        // [d]
-  const bool half = s.kv_dtype == KvDtype::kF16;
+  const bool q_half = s.k_dtype == KvDtype::kF16;  // Q meets K at K's precision
+  const bool p_half = s.v_dtype == KvDtype::kF16;  // P meets V at V's precision
   const int64_t q_stride = static_cast<int64_t>(s.num_heads) * d;
 
-  // Gather this KV head's K rows and V (transposed in groups of 8 positions), widened to float.
+  // Gather this KV head's K rows and V (transposed in groups of 8 positions), widened to float
+  // (exactly, whatever the pools' dtypes: tessera/sdk/kv_rows.h).
+  float* vtmp = qr;  // a widened V row; qr is free until the queries are rounded
   for (int32_t j = 0; j < visible; ++j) {
     const int64_t slot = static_cast<int64_t>(seq.block_table[j / s.block_size]) * s.block_size +
                          j % s.block_size;
-    const int64_t index = (slot * s.num_kv_heads + kv_head) * d;
     float* krow = keys + static_cast<size_t>(j) * d;
     float* vcol = vt + (static_cast<size_t>(j / 8) * d) * 8 + j % 8;
-    if (half) {
-      const uint16_t* ks = static_cast<const uint16_t*>(batch.k_pool) + index;
-      const uint16_t* vs = static_cast<const uint16_t*>(batch.v_pool) + index;
-      for (int32_t k = 0; k < d; k += 8) {
-        _mm256_storeu_ps(krow + k, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ks + k))));
-        alignas(32) float tmp[8];
-        _mm256_store_ps(tmp, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vs + k))));
-        for (int l = 0; l < 8; ++l) vcol[(k + l) * 8] = tmp[l];
-      }
-    } else {
-      const float* ks = static_cast<const float*>(batch.k_pool) + index;
-      const float* vs = static_cast<const float*>(batch.v_pool) + index;
-      std::memcpy(krow, ks, sizeof(float) * d);
-      for (int32_t k = 0; k < d; ++k) vcol[k * 8] = vs[k];
-    }
+    widen_kv_row(s.k_dtype,
+                 static_cast<const uint8_t*>(batch.k_pool) + kv_row_offset(s.k_dtype, slot, s.num_kv_heads, kv_head, d),
+                 krow, d);
+    widen_kv_row(s.v_dtype,
+                 static_cast<const uint8_t*>(batch.v_pool) + kv_row_offset(s.v_dtype, slot, s.num_kv_heads, kv_head, d),
+                 vtmp, d);
+    for (int32_t k = 0; k < d; ++k) vcol[k * 8] = vtmp[k];
   }
   for (int32_t j = visible; j < padded; ++j) {
     float* vcol = vt + (static_cast<size_t>(j / 8) * d) * 8 + j % 8;
@@ -105,7 +100,7 @@ void run_rows_avx2(const AttentionShape& s, const AttentionBatch& batch,
     const float* q = batch.q + (seq.query_start + qi) * q_stride + head * d;
     for (int32_t k = 0; k < d; k += 8) {
       const __m256 v = _mm256_loadu_ps(q + k);
-      _mm256_storeu_ps(qr + k, half ? round_to_half(v) : v);
+      _mm256_storeu_ps(qr + k, q_half ? round_to_half(v) : v);
     }
     // S = scale * Q K^T over the visible positions.
     float max = -std::numeric_limits<float>::infinity();
@@ -132,7 +127,7 @@ void run_rows_avx2(const AttentionShape& s, const AttentionBatch& batch,
     const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
     for (int32_t g = 0; g < groups; ++g) {
       const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(srow + g * 8), inv);
-      _mm256_storeu_ps(srow + g * 8, half ? round_to_half(p) : p);
+      _mm256_storeu_ps(srow + g * 8, p_half ? round_to_half(p) : p);
     }
     // O = P V: 8 output elements at a time, each with its own 8-lane accumulator.
     float* o = batch.out + (seq.query_start + qi) * q_stride + head * d;

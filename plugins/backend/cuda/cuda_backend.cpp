@@ -87,6 +87,7 @@ class CudaBackend final : public Backend, public ForwardRunnerProvider {
   void add(float* inout, const float* x, int64_t n) override { cuda::add(inout, x, n, stream_); }
   void store_kv(void* pool, KvDtype dtype, const float* src, const int32_t* slots, int64_t rows,
                 int64_t row_elems) override {
+    // Only f16/f32 reach here: create_forward_runner refuses a q8_0 layout.
     cuda::store_kv(pool, dtype == KvDtype::kF16, src, slots, rows, row_elems, stream_);
   }
 
@@ -98,6 +99,10 @@ class CudaBackend final : public Backend, public ForwardRunnerProvider {
       return invalid_argument(
           "backend cuda runs the forward pass on the GPU and needs a CUDA attention kernel; set "
           "engine.attention to {plugin: cuda-flash} (the configured one computes on the host)");
+    if (layout.k_dtype != layout.v_dtype || layout.k_dtype == KvDtype::kQ8_0)
+      return invalid_argument(std::string("backend cuda: the device runner stores K and V as f16 or f32 with one "
+                                          "dtype, engine.kv_cache asks for K ") +
+                              kv_dtype_name(layout.k_dtype) + ", V " + kv_dtype_name(layout.v_dtype));
     if (!cuda::attention_supported(model.head_dim))
       return unimplemented("backend cuda: head_dim " + std::to_string(model.head_dim) +
                            " has no cuda-flash kernel (64 or 128)");

@@ -208,7 +208,7 @@ CudaRunner::CudaRunner(std::shared_ptr<DeviceModel> model, const KvLayout& layou
   check(cudaMalloc(&cublas_workspace_, ws), "cudaMalloc (cuBLAS workspace)");
   check_cublas(cublas().set_workspace(cublas_, cublas_workspace_, ws), "cublasSetWorkspace");
 
-  const size_t elem = kv_dtype_size(layout_.dtype);
+  const size_t elem = kv_dtype_size(layout_.k_dtype);
   layer_pool_bytes_ = static_cast<size_t>(layout_.num_blocks) * layout_.block_size * s.num_kv_heads *
                       s.head_dim * elem;
   kv_pool_bytes_ = 2 * layer_pool_bytes_ * s.num_layers;
@@ -363,7 +363,7 @@ void CudaRunner::enqueue(const Step& st) {
   const int64_t d = s.embedding_dim;
   const int64_t q_dim = static_cast<int64_t>(s.num_heads) * s.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(s.num_kv_heads) * s.head_dim;
-  const bool f16 = layout_.dtype == KvDtype::kF16;
+  const bool f16 = layout_.k_dtype == KvDtype::kF16;
   const AttnShape sh{s.num_heads, s.num_kv_heads, s.head_dim, 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
                      layout_.block_size, f16};
 
@@ -600,7 +600,7 @@ void CudaRunner::copy_blocks(std::span<const BlockCopy> copies) {
   check(cudaMemcpyAsync(dev, pairs.data(), 4 * pairs.size(), cudaMemcpyHostToDevice, stream_), "block copies");
   const ModelShape& s = model_->shape;
   const size_t block_bytes = static_cast<size_t>(layout_.block_size) * s.num_kv_heads * s.head_dim *
-                             kv_dtype_size(layout_.dtype);
+                             kv_dtype_size(layout_.k_dtype);
   for (int32_t l = 0; l < 2 * s.num_layers; ++l)
     tessera::cuda::copy_blocks(static_cast<uint8_t*>(kv_pool_) + l * layer_pool_bytes_, dev,
                                static_cast<int32_t>(copies.size()), block_bytes, stream_);

@@ -16,16 +16,16 @@ namespace {
 const ParamSpec kParams[] = {
     {"memory", ParamType::kBytes, "256MiB", "bytes of KV memory (all layers, K and V)", 1,
      INFINITY},
-    {"dtype", ParamType::kEnum, "f16", "element type of cached K/V", -INFINITY, INFINITY,
-     "f16|f32"},
+    TESSERA_KV_DTYPE_PARAMS,
 };
 
 class ContiguousKvCache final : public KvCacheManager {
  public:
-  ContiguousKvCache(int64_t budget, KvDtype dtype) : budget_(budget), dtype_(dtype) {}
+  ContiguousKvCache(int64_t budget, KvDtypes dtype) : budget_(budget), dtype_(dtype) {}
 
   Status configure(const KvModelShape& shape, KvLayout* layout) override {
-    const size_t region = KvLayout::block_bytes(shape, shape.max_context, dtype_);
+    if (Status st = check_kv_dtypes("kv_cache.contiguous", shape, dtype_); !st.is_ok()) return st;
+    const size_t region = KvLayout::block_bytes(shape, shape.max_context, dtype_.k, dtype_.v);
     const int64_t regions = budget_ / static_cast<int64_t>(region);
     if (regions < 1)
       return resource_exhausted(
@@ -34,7 +34,8 @@ class ContiguousKvCache final : public KvCacheManager {
           " bytes; raise engine.kv_cache.memory or lower model.context_length");
     layout->block_size = shape.max_context;
     layout->num_blocks = static_cast<int32_t>(regions);
-    layout->dtype = dtype_;
+    layout->k_dtype = dtype_.k;
+    layout->v_dtype = dtype_.v;
     block_size_ = shape.max_context;
     free_blocks_.clear();
     for (int32_t b = layout->num_blocks - 1; b >= 0; --b) free_blocks_.push_back(b);
@@ -108,7 +109,7 @@ class ContiguousKvCache final : public KvCacheManager {
 
   static Status create(const PluginConfig& config, const PluginContext&,
                        std::unique_ptr<KvCacheManager>* out) {
-    const KvDtype dtype = config.get_string("dtype", "f16") == "f32" ? KvDtype::kF32 : KvDtype::kF16;
+    const KvDtypes dtype = kv_dtypes_from_config(config);
     *out = std::make_unique<ContiguousKvCache>(config.get_int("memory"), dtype);
     return Status::ok();
   }
@@ -119,7 +120,7 @@ class ContiguousKvCache final : public KvCacheManager {
     int32_t num_filled;
   };
   int64_t budget_;
-  KvDtype dtype_;
+  KvDtypes dtype_;
   int32_t block_size_ = 0;
   int32_t num_blocks_ = 0;
   std::vector<int32_t> free_blocks_;

@@ -24,8 +24,7 @@ const ParamSpec kParams[] = {
     {"block_size", ParamType::kInt, "16", "tokens per KV block", 1, 1024},
     {"memory", ParamType::kBytes, "256MiB", "bytes of KV memory (all layers, K and V)", 1,
      INFINITY},
-    {"dtype", ParamType::kEnum, "f16", "element type of cached K/V", -INFINITY, INFINITY,
-     "f16|f32"},
+    TESSERA_KV_DTYPE_PARAMS,
     {"prefix_caching", ParamType::kBool, "true",
      "reuse the K/V of full blocks whose whole token prefix matches an earlier sequence"},
 };
@@ -34,13 +33,14 @@ int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1)
 
 class PagedKvCache final : public KvCacheManager {
  public:
-  PagedKvCache(int32_t block_size, int64_t budget, KvDtype dtype, bool prefix_caching,
+  PagedKvCache(int32_t block_size, int64_t budget, KvDtypes dtype, bool prefix_caching,
                Logger* logger)
       : block_size_(block_size), budget_(budget), dtype_(dtype),
         prefix_caching_(prefix_caching), logger_(logger) {}
 
   Status configure(const KvModelShape& shape, KvLayout* layout) override {
-    const size_t block_bytes = KvLayout::block_bytes(shape, block_size_, dtype_);
+    if (Status st = check_kv_dtypes("kv_cache.paged", shape, dtype_); !st.is_ok()) return st;
+    const size_t block_bytes = KvLayout::block_bytes(shape, block_size_, dtype_.k, dtype_.v);
     if (block_bytes == 0)
       return invalid_argument("kv_cache.paged: the model shape has no K/V (num_layers " +
                               std::to_string(shape.num_layers) + ", num_kv_heads " +
@@ -60,7 +60,8 @@ class PagedKvCache final : public KvCacheManager {
     blocks_per_seq_ = blocks_per_seq;
     layout->block_size = block_size_;
     layout->num_blocks = static_cast<int32_t>(blocks);
-    layout->dtype = dtype_;
+    layout->k_dtype = dtype_.k;
+    layout->v_dtype = dtype_.v;
     pool_.reset(layout->num_blocks, block_size_);
     sequences_.clear();
     copies_.clear();
@@ -68,8 +69,8 @@ class PagedKvCache final : public KvCacheManager {
     if (logger_ && logger_->enabled(LogLevel::kInfo))
       logger_->log(LogLevel::kInfo,
                    "kv_cache.paged: " + std::to_string(blocks) + " blocks of " +
-                       std::to_string(block_size_) + " tokens (" + kv_dtype_name(dtype_) +
-                       "), prefix caching " + (prefix_caching_ ? "on" : "off"));
+                       std::to_string(block_size_) + " tokens (K " + kv_dtype_name(dtype_.k) + ", V " +
+                       kv_dtype_name(dtype_.v) + "), prefix caching " + (prefix_caching_ ? "on" : "off"));
     return Status::ok();
   }
 
@@ -237,7 +238,7 @@ class PagedKvCache final : public KvCacheManager {
 
   static Status create(const PluginConfig& config, const PluginContext& context,
                        std::unique_ptr<KvCacheManager>* out) {
-    const KvDtype dtype = config.get_string("dtype", "f16") == "f32" ? KvDtype::kF32 : KvDtype::kF16;
+    const KvDtypes dtype = kv_dtypes_from_config(config);
     *out = std::make_unique<PagedKvCache>(static_cast<int32_t>(config.get_int("block_size", 16)),
                                           config.get_int("memory", 256ll << 20), dtype,
                                           config.get_bool("prefix_caching", true), context.logger);
@@ -266,7 +267,7 @@ class PagedKvCache final : public KvCacheManager {
   int32_t block_size_;
   int32_t blocks_per_seq_ = 1;
   int64_t budget_;
-  KvDtype dtype_;
+  KvDtypes dtype_;
   bool prefix_caching_;
   Logger* logger_;
   paged::BlockPool pool_;

@@ -65,14 +65,17 @@ struct Problem {
   std::vector<float> q;
   std::vector<float> k_wide, v_wide;    // pool contents as stored, widened to float
   std::vector<uint16_t> k_half, v_half; // the f16 pools
+  std::vector<uint8_t> k_q8, v_q8;      // the Q8_0 pools (ggml blocks of 32 per head row)
   int32_t num_rows = 0;
 
-  const void* k_pool() const {
-    return shape.kv_dtype == KvDtype::kF16 ? static_cast<const void*>(k_half.data()) : k_wide.data();
+  static const void* pool(KvDtype t, const std::vector<float>& wide, const std::vector<uint16_t>& half,
+                          const std::vector<uint8_t>& q8) {
+    if (t == KvDtype::kF16) return half.data();
+    if (t == KvDtype::kQ8_0) return q8.data();
+    return wide.data();
   }
-  const void* v_pool() const {
-    return shape.kv_dtype == KvDtype::kF16 ? static_cast<const void*>(v_half.data()) : v_wide.data();
-  }
+  const void* k_pool() const { return pool(shape.k_dtype, k_wide, k_half, k_q8); }
+  const void* v_pool() const { return pool(shape.v_dtype, v_wide, v_half, v_q8); }
   AttentionBatch batch(float* out) const {
     AttentionBatch b;
     b.sequences = sequences;
@@ -89,12 +92,13 @@ struct SeqSpec {
   int32_t num_queries;
 };
 
+// K stored as k_dtype, V as v_dtype; k_wide / v_wide hold what the pools hold, as floats.
 Problem make_problem(std::mt19937& rng, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
-                     int32_t block_size, KvDtype dtype, const std::vector<SeqSpec>& specs,
-                     float q_scale = 3.0f) {
+                     int32_t block_size, KvDtype k_dtype, KvDtype v_dtype,
+                     const std::vector<SeqSpec>& specs, float q_scale = 3.0f) {
   Problem p;
   p.shape = {num_heads, num_kv_heads, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim)),
-             block_size, dtype};
+             block_size, k_dtype, v_dtype};
   int32_t num_blocks = 3;  // a few blocks nobody uses, so tables never cover the whole pool
   for (const SeqSpec& s : specs) num_blocks += (s.context_len + block_size - 1) / block_size;
   std::vector<int32_t> ids(num_blocks);
@@ -118,18 +122,43 @@ Problem make_problem(std::mt19937& rng, int32_t num_heads, int32_t num_kv_heads,
     wide->resize(pool_size);
     for (float& x : *wide) x = unit(rng);
   }
-  if (dtype == KvDtype::kF16) {
-    for (auto [wide, half] : {std::pair{&p.k_wide, &p.k_half}, std::pair{&p.v_wide, &p.v_half}}) {
-      half->resize(pool_size);
+  struct PoolRefs { KvDtype dtype; std::vector<float>* wide; std::vector<uint16_t>* half; std::vector<uint8_t>* q8; };
+  for (const PoolRefs& r : {PoolRefs{k_dtype, &p.k_wide, &p.k_half, &p.k_q8},
+                            PoolRefs{v_dtype, &p.v_wide, &p.v_half, &p.v_q8}}) {
+    if (r.dtype == KvDtype::kF16) {
+      r.half->resize(pool_size);
       for (size_t i = 0; i < pool_size; ++i) {
-        (*half)[i] = fp32_to_fp16((*wide)[i]);
-        (*wide)[i] = fp16_to_fp32((*half)[i]);
+        (*r.half)[i] = fp32_to_fp16((*r.wide)[i]);
+        (*r.wide)[i] = fp16_to_fp32((*r.half)[i]);
+      }
+    } else if (r.dtype == KvDtype::kQ8_0) {
+      // Each head row quantized as the CPU backend's store_kv does, then read back.
+      const size_t rows = pool_size / head_dim, row_bytes = kv_row_bytes(KvDtype::kQ8_0, head_dim);
+      r.q8->resize(rows * row_bytes);
+      for (size_t i = 0; i < rows; ++i) {
+        REQUIRE(quantize_activation_row(GgmlType::Q8_0, r.wide->data() + i * head_dim,
+                                        r.q8->data() + i * row_bytes, head_dim));
+        REQUIRE(dequantize_row(GgmlType::Q8_0, r.q8->data() + i * row_bytes, r.wide->data() + i * head_dim,
+                               head_dim));
       }
     }
   }
   p.q.resize(static_cast<size_t>(p.num_rows) * num_heads * head_dim);
   for (float& x : p.q) x = q_scale * unit(rng);
   return p;
+}
+
+Problem make_problem(std::mt19937& rng, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                     int32_t block_size, KvDtype dtype, const std::vector<SeqSpec>& specs,
+                     float q_scale = 3.0f) {
+  return make_problem(rng, num_heads, num_kv_heads, head_dim, block_size, dtype, dtype, specs, q_scale);
+}
+
+// Kernels round to f16 what meets an f16 pool (Q before K, probabilities before V), so an f16
+// pool on either side gets the f16 tolerance; Q8_0 pools are read exactly (what the reference
+// reads), so they get f32's.
+double tolerance(const AttentionShape& s) {
+  return s.k_dtype == KvDtype::kF16 || s.v_dtype == KvDtype::kF16 ? kTolF16 : kTolF32;
 }
 
 // Attention in double precision, straight from the definition. With an f16 cache Q is taken
@@ -152,7 +181,7 @@ std::vector<double> reference(const Problem& p) {
         const int32_t kv_head = h / group;
         const float* qf = p.q.data() + (static_cast<size_t>(seq.query_start + i) * s.num_heads + h) * d;
         for (int32_t k = 0; k < d; ++k)
-          q[k] = s.kv_dtype == KvDtype::kF16 ? fp16_to_fp32(fp32_to_fp16(qf[k])) : qf[k];
+          q[k] = s.k_dtype == KvDtype::kF16 ? fp16_to_fp32(fp32_to_fp16(qf[k])) : qf[k];
         scores.assign(visible, 0.0);
         double max = -std::numeric_limits<double>::infinity();
         for (int32_t j = 0; j < visible; ++j) {
@@ -256,11 +285,11 @@ TEST_CASE("attention plugins match a double-precision reference") {
   for (HeadShape hs : {HeadShape{4, 4}, HeadShape{6, 2}, HeadShape{8, 2}}) {  // GQA 1, 3, 4
     for (int32_t head_dim : {64, 32}) {
       for (int32_t block_size : {1, 8, 16, 2048}) {
-        for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+        for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
           const Problem p = make_problem(rng, hs.heads, hs.kv_heads, head_dim, block_size, dtype,
                                          random_batch(rng));
           const std::vector<double> want = reference(p);
-          const double tol = dtype == KvDtype::kF16 ? kTolF16 : kTolF32;
+          const double tol = tolerance(p.shape);
           std::vector<float> naive_out;
           for (size_t k = 0; k < cases.size(); ++k) {
             CAPTURE(cases[k].plugin);
@@ -288,7 +317,7 @@ TEST_CASE("attention plugins: peaked softmax, long prompt, many threads") {
   // most probabilities near zero.
   ThreadPool pool(4);
   std::mt19937 rng(99);
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
     const Problem p = make_problem(rng, 8, 2, 64, 16, dtype, {{300, 300}, {200, 1}, {5, 5}},
                                    /*q_scale=*/12.0f);
     const std::vector<double> want = reference(p);
@@ -297,8 +326,7 @@ TEST_CASE("attention plugins: peaked softmax, long prompt, many threads") {
       CAPTURE(c.params);
       CAPTURE(kv_dtype_name(dtype));
       auto kernel = make_kernel(c.plugin, c.params);
-      CHECK(max_abs_diff(run_kernel(*kernel, p, pool), want) <=
-            (dtype == KvDtype::kF16 ? kTolF16 : kTolF32));
+      CHECK(max_abs_diff(run_kernel(*kernel, p, pool), want) <= tolerance(p.shape));
     }
   }
 }
@@ -319,8 +347,60 @@ TEST_CASE("attention plugins: an empty batch is a no-op, and calls can repeat") 
   }
 }
 
+TEST_CASE("attention plugins: K and V in different dtypes (q8_0 K with f16 V, f16 K with q8_0 V)") {
+  ThreadPool pool(3);
+  std::mt19937 rng(2024);
+  for (auto [k_dtype, v_dtype] : {std::pair{KvDtype::kQ8_0, KvDtype::kF16}, std::pair{KvDtype::kF16, KvDtype::kQ8_0},
+                                  std::pair{KvDtype::kQ8_0, KvDtype::kF32}}) {
+    const Problem p = make_problem(rng, 6, 2, 64, 16, k_dtype, v_dtype, random_batch(rng));
+    const std::vector<double> want = reference(p);
+    for (const KernelCase& c : kernel_cases()) {
+      CAPTURE(c.plugin);
+      CAPTURE(c.params);
+      CAPTURE(kv_dtype_name(k_dtype));
+      CAPTURE(kv_dtype_name(v_dtype));
+      auto kernel = make_kernel(c.plugin, c.params);
+      CHECK(max_abs_diff(run_kernel(*kernel, p, pool), want) <= tolerance(p.shape));
+    }
+  }
+}
+
+TEST_CASE("attention plugins: a q8_0 pool gives the bits of an f32 pool holding its values") {
+  // Widening Q8_0 is exact (d * q needs 18 significand bits) and Q stays f32 against it, so a
+  // kernel must compute over a q8_0 pool exactly what it computes over the dequantized
+  // values stored as f32, on every path (flash reads f32 decode rows in place but widens q8_0
+  // tiles).
+  ThreadPool pool(2);
+  std::mt19937 rng(31337);
+  for (const KernelCase& c : kernel_cases()) {
+    CAPTURE(c.plugin);
+    CAPTURE(c.params);
+    auto kernel = make_kernel(c.plugin, c.params);
+    Problem q8 = make_problem(rng, 9, 3, 64, 16, KvDtype::kQ8_0, random_batch(rng));
+    Problem f32 = q8;
+    f32.shape.k_dtype = f32.shape.v_dtype = KvDtype::kF32;  // k_wide / v_wide: the dequantized values
+    f32.sequences = q8.sequences;
+    const std::vector<float> a = run_kernel(*kernel, q8, pool);
+    const std::vector<float> b = run_kernel(*kernel, f32, pool);
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("attention plugins refuse a q8_0 pool whose head_dim is not a multiple of 32") {
+  ThreadPool pool(1);
+  std::mt19937 rng(5);
+  Problem p = make_problem(rng, 4, 2, 16, 8, KvDtype::kF32, {{4, 4}});
+  p.shape.k_dtype = KvDtype::kQ8_0;
+  for (const std::string name : {"naive", "flash"}) {
+    std::vector<float> out(static_cast<size_t>(p.num_rows) * p.shape.num_heads * p.shape.head_dim);
+    const Status st = make_kernel(name, "{}")->forward(p.shape, p.batch(out.data()), pool);
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK(st.message().find("q8_0") != std::string::npos);
+  }
+}
+
 TEST_CASE("attention.flash: scratch memory does not grow with the context") {
-  AttentionShape shape{9, 3, 64, 0.125f, 16, KvDtype::kF16};
+  AttentionShape shape{9, 3, 64, 0.125f, 16, KvDtype::kF16, KvDtype::kF16};
   auto flash = make_kernel("flash", "{}");
   auto naive = make_kernel("naive", "{}");
   const size_t at_2k = flash->scratch_bytes(shape, 2048, 2048);
@@ -346,7 +426,7 @@ TEST_CASE("attention.naive: the AVX2 build gives the portable build's bits") {
   std::mt19937 rng(4242);
   auto simd = make_kernel("naive", "{}");
   auto portable = make_kernel("naive", "{simd: off}");
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
     for (int32_t block_size : {1, 16}) {
       for (float q_scale : {3.0f, 40.0f}) {  // 40: probabilities underflow to exactly 0
         const Problem p = make_problem(rng, 9, 3, 64, block_size, dtype, random_batch(rng), q_scale);
@@ -369,7 +449,7 @@ TEST_CASE("attention.flash: one-query tasks (K/V read in place, heads split) giv
   // is split per head, which a decode mixed into a prompt batch is not.
   ThreadPool pool(2);
   std::mt19937 rng(777);
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
     for (const std::string simd : {"auto", "off"}) {
       auto one_query = make_kernel("flash", "{query_tile: 1, tile_size: 16, simd: " + simd + "}");
       auto tiled = make_kernel("flash", "{query_tile: 64, tile_size: 16, simd: " + simd + "}");
@@ -390,7 +470,7 @@ TEST_CASE("attention.flash: one-query tasks (K/V read in place, heads split) giv
                             : std::vector<SeqSpec>{{70, 1}, {83, 1}, {5, 1}, {129, 1}, {64, 1},
                                                    {65, 1}, {1, 1}, {200, 1}, {17, 1}, {128, 1}});
         const std::vector<float> together = run_kernel(*tiled, decodes, pool);
-        CHECK(max_abs_diff(together, reference(decodes)) <= (dtype == KvDtype::kF16 ? kTolF16 : kTolF32));
+        CHECK(max_abs_diff(together, reference(decodes)) <= tolerance(decodes.shape));
         const size_t row = static_cast<size_t>(decodes.shape.num_heads) * decodes.shape.head_dim;
         for (size_t i = 0; i < decodes.sequences.size(); ++i) {
           Problem alone = decodes;  // same pools and tables, one sequence, its query row only

@@ -32,6 +32,9 @@ using namespace tessera;
 // 64 bytes of K/V per token in f16: 2 (K,V) x 2 layers x 2 heads x 4 dims x 2 bytes.
 constexpr KvModelShape kShape{2, 2, 4, /*max_context=*/64, /*max_num_seqs=*/8};
 constexpr int64_t kTokenBytes = 64;
+// A head_dim that Q8_0 blocks of 32 fit: 272 bytes per token in q8_0 (2 x 2 x 2 x 34), 512 in f16.
+constexpr KvModelShape kShape32{2, 2, 32, /*max_context=*/64, /*max_num_seqs=*/8};
+constexpr int64_t kTokenBytesQ8 = 272;
 
 struct Variant {
   std::string plugin;  // "contiguous" or "paged"
@@ -51,8 +54,9 @@ const std::vector<Variant>& variants() {
 // A configured manager of `variant` whose budget holds `capacity_tokens` token slots.
 std::shared_ptr<KvCacheManager> make_kv(const Variant& variant, int64_t capacity_tokens,
                                         KvLayout* layout, const std::string& extra = "",
-                                        const KvModelShape& shape = kShape) {
-  std::string yaml = "{memory: " + std::to_string(capacity_tokens * kTokenBytes);
+                                        const KvModelShape& shape = kShape,
+                                        int64_t token_bytes = kTokenBytes) {
+  std::string yaml = "{memory: " + std::to_string(capacity_tokens * token_bytes);
   if (variant.is_paged()) yaml += ", block_size: " + std::to_string(variant.block_size);
   if (!extra.empty()) yaml += ", " + extra;
   yaml += "}";
@@ -163,7 +167,8 @@ TEST_CASE("configure sizes the pool and fails clearly when one sequence does not
     CAPTURE(v.label());
     KvLayout layout;
     auto kv = make_kv(v, 4 * kShape.max_context, &layout);
-    CHECK(layout.dtype == KvDtype::kF16);
+    CHECK(layout.k_dtype == KvDtype::kF16);
+    CHECK(layout.v_dtype == KvDtype::kF16);
     CHECK(kv->num_free_blocks() == layout.num_blocks);
     CHECK(static_cast<int64_t>(layout.num_blocks) * layout.block_size == 4 * kShape.max_context);
     if (v.is_paged()) CHECK(layout.block_size == v.block_size);
@@ -172,7 +177,8 @@ TEST_CASE("configure sizes the pool and fails clearly when one sequence does not
     // f32 halves the blocks a budget holds.
     KvLayout layout32;
     auto kv32 = make_kv(v, 4 * kShape.max_context, &layout32, "dtype: f32");
-    CHECK(layout32.dtype == KvDtype::kF32);
+    CHECK(layout32.k_dtype == KvDtype::kF32);
+    CHECK(layout32.v_dtype == KvDtype::kF32);
     CHECK(layout32.num_blocks * 2 == layout.num_blocks);
 
     // A budget one token short of max_context.
@@ -184,6 +190,41 @@ TEST_CASE("configure sizes the pool and fails clearly when one sequence does not
     const Status st = small->configure(kShape, &none);
     CHECK(st.code() == StatusCode::kResourceExhausted);
     CHECK(st.message().find("engine.kv_cache.memory") != std::string::npos);
+  }
+}
+
+TEST_CASE("dtype q8_0: 34 bytes per 32 values, K and V separately, head_dim checked") {
+  CHECK(kv_row_bytes(KvDtype::kQ8_0, 32) == 34);
+  CHECK(KvLayout::block_bytes(kShape32, 1, KvDtype::kQ8_0, KvDtype::kQ8_0) == kTokenBytesQ8);
+  CHECK(KvLayout::block_bytes(kShape32, 1, KvDtype::kQ8_0, KvDtype::kF16) == kTokenBytesQ8 / 2 + 256);
+  for (const Variant& v : variants()) {
+    CAPTURE(v.label());
+    KvLayout q8;
+    auto kv = make_kv(v, 4 * kShape32.max_context, &q8, "dtype: q8_0", kShape32, kTokenBytesQ8);
+    CHECK(q8.k_dtype == KvDtype::kQ8_0);
+    CHECK(q8.v_dtype == KvDtype::kQ8_0);
+    CHECK(static_cast<int64_t>(q8.num_blocks) * q8.block_size == 4 * kShape32.max_context);
+    CHECK(kv->num_free_blocks() == q8.num_blocks);
+    // K only: the same budget holds fewer tokens than all-q8_0.
+    KvLayout k_only;
+    make_kv(v, 4 * kShape32.max_context, &k_only, "k_dtype: q8_0", kShape32, kTokenBytesQ8);
+    CHECK(k_only.k_dtype == KvDtype::kQ8_0);
+    CHECK(k_only.v_dtype == KvDtype::kF16);
+    CHECK(k_only.num_blocks * k_only.block_size < 4 * kShape32.max_context);
+    KvLayout v_only;
+    make_kv(v, 4 * kShape32.max_context, &v_only, "dtype: f32, v_dtype: q8_0", kShape32, kTokenBytesQ8);
+    CHECK(v_only.k_dtype == KvDtype::kF32);
+    CHECK(v_only.v_dtype == KvDtype::kQ8_0);
+    // head_dim 4 has no room for a block of 32: refused, naming the dtype and head_dim.
+    std::string yaml = "{memory: 1MiB, dtype: q8_0";
+    if (v.is_paged()) yaml += ", block_size: " + std::to_string(v.block_size);
+    yaml += "}";
+    auto bad = test::create_plugin<KvCacheManager>(v.plugin, yaml);
+    KvLayout none;
+    const Status st = bad->configure(kShape, &none);
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK(st.message().find("q8_0") != std::string::npos);
+    CHECK(st.message().find("head_dim is 4") != std::string::npos);
   }
 }
 
@@ -554,10 +595,13 @@ TEST_CASE("paged: eviction takes plain blocks first, then cached ones least rece
 // sequence reads back its own K/V, no written block is held by another live sequence, and the
 // stats add up. At the end everything is free.
 TEST_CASE("stress: random allocate/mark/fork/free keeps every invariant") {
+  struct Dtype { const char* extra; KvModelShape shape; int64_t token_bytes; };
+  for (const Dtype& dt : {Dtype{"", kShape, kTokenBytes}, Dtype{"dtype: q8_0", kShape32, kTokenBytesQ8}})
   for (const Variant& v : variants()) {
     CAPTURE(v.label());
+    CAPTURE(dt.extra);
     KvLayout layout;
-    auto kv = make_kv(v, 5 * kShape.max_context, &layout);
+    auto kv = make_kv(v, 5 * kShape.max_context, &layout, dt.extra, dt.shape, dt.token_bytes);
     SimPool pool(layout);
     std::mt19937_64 rng(0x5eed + v.block_size);
     auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };

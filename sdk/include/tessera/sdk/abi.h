@@ -1,7 +1,8 @@
 // ABI version of the plugin SDK and the toolchain fingerprint.
 //
 // History: 2.0 batched Drafter::propose with Draft (tokens + optional q rows) and
-// on_drafts_settled; Sampler::verify takes a DraftView; KvCacheManager::truncate.
+// on_drafts_settled; Sampler::verify takes a DraftView; KvCacheManager::truncate; KV dtypes
+// per pool (KvLayout/AttentionShape k_dtype, v_dtype) and KvDtype::kQ8_0 (one bump for both).
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a

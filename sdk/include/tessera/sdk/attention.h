@@ -19,7 +19,8 @@ struct AttentionShape {
   int32_t head_dim = 0;
   float scale = 1.0f;        // usually 1/sqrt(head_dim)
   int32_t block_size = 0;    // tokens per KV block
-  KvDtype kv_dtype = KvDtype::kF16;
+  KvDtype k_dtype = KvDtype::kF16;  // how the K pool stores rows (tessera/sdk/types.h)
+  KvDtype v_dtype = KvDtype::kF16;  // how the V pool stores rows
 };
 
 // One sequence's share of the batch. Its query rows are q[query_start .. query_start +
@@ -35,8 +36,10 @@ struct AttentionSequence {
 struct AttentionBatch {
   std::span<const AttentionSequence> sequences;
   const float* q = nullptr;     // [num_rows][num_heads][head_dim]
-  const void* k_pool = nullptr; // this layer's K: [num_blocks][block_size][num_kv_heads][head_dim]
-  const void* v_pool = nullptr; // this layer's V, same layout
+  // This layer's K: [num_blocks][block_size][num_kv_heads] rows of head_dim elements stored
+  // as shape.k_dtype (a row is kv_row_bytes(k_dtype, head_dim) bytes).
+  const void* k_pool = nullptr;
+  const void* v_pool = nullptr; // this layer's V, same layout in shape.v_dtype
   float* out = nullptr;         // [num_rows][num_heads][head_dim]
 };
 
@@ -47,7 +50,8 @@ class AttentionKernel {
   // benchmarks; allocated by the kernel itself, once, not per call).
   virtual size_t scratch_bytes(const AttentionShape& shape, int32_t max_rows,
                                int32_t max_context) const = 0;
-  // Computes batch.out. Called from the engine thread; splits work over `executor`.
+  // Computes batch.out. Called from the engine thread; splits work over `executor`. A kernel
+  // returns kInvalidArgument for a KV dtype it does not read.
   virtual Status forward(const AttentionShape& shape, const AttentionBatch& batch,
                          Executor& executor) = 0;
 };

@@ -1,12 +1,15 @@
 // kv_cache plugins decide which KV blocks each sequence uses: allocation, sharing (forks and
 // prefix reuse), eviction. They never touch KV memory itself: the backend owns the pool,
-// laid out as [num_blocks][block_size][num_kv_heads][head_dim] per layer for K and for V,
+// laid out as [num_blocks][block_size][num_kv_heads] rows of head_dim elements per layer for K
+// and for V (each in its KvLayout dtype: f32, f16 or ggml Q8_0 blocks),
 // and the runner writes token t of a sequence into block block_table[t / block_size] at
 // row t % block_size. A contiguous cache is the special case of one block per sequence.
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "tessera/sdk/plugin.h"
@@ -27,13 +30,70 @@ struct KvModelShape {
 struct KvLayout {
   int32_t block_size = 0;  // tokens per block
   int32_t num_blocks = 0;
-  KvDtype dtype = KvDtype::kF16;
+  KvDtype k_dtype = KvDtype::kF16;  // storage of K rows
+  KvDtype v_dtype = KvDtype::kF16;  // storage of V rows (may differ: e.g. q8_0 K, f16 V)
 
+  // Bytes of one block of one layer's K (or V) pool.
+  static size_t pool_block_bytes(const KvModelShape& s, int32_t block_size, KvDtype dtype) {
+    return static_cast<size_t>(block_size) * s.num_kv_heads * kv_row_bytes(dtype, s.head_dim);
+  }
   // Bytes of one block across all layers, K and V.
-  static size_t block_bytes(const KvModelShape& s, int32_t block_size, KvDtype dtype) {
-    return 2ull * s.num_layers * s.num_kv_heads * s.head_dim * block_size * kv_dtype_size(dtype);
+  static size_t block_bytes(const KvModelShape& s, int32_t block_size, KvDtype k_dtype, KvDtype v_dtype) {
+    return static_cast<size_t>(s.num_layers) *
+           (pool_block_bytes(s, block_size, k_dtype) + pool_block_bytes(s, block_size, v_dtype));
   }
 };
+
+// The KV storage types a kv_cache plugin was configured with. In-tree caches take three
+// parameters: `dtype` (f16|f32|q8_0, both pools) and `k_dtype` / `v_dtype` (auto|f16|f32|
+// q8_0; auto = dtype), so K and V can be A/B-tested separately.
+struct KvDtypes {
+  KvDtype k = KvDtype::kF16;
+  KvDtype v = KvDtype::kF16;
+};
+
+// The three ParamSpec entries of those parameters, for a plugin's parameter table:
+//   const ParamSpec kParams[] = {{"memory", ...}, TESSERA_KV_DTYPE_PARAMS};
+#define TESSERA_KV_DTYPE_PARAMS                                                             \
+  ::tessera::ParamSpec{"dtype", ::tessera::ParamType::kEnum, "f16",                         \
+                       "storage of cached K and V: f16, f32, or q8_0 (ggml Q8_0: 32 int8 "  \
+                       "+ one f16 scale per 32 values, 8.5 bits per value)",                \
+                       -INFINITY, INFINITY, "f16|f32|q8_0"},                                \
+  ::tessera::ParamSpec{"k_dtype", ::tessera::ParamType::kEnum, "auto",                      \
+                       "storage of K only (auto: dtype)", -INFINITY, INFINITY,              \
+                       "auto|f16|f32|q8_0"},                                                \
+  ::tessera::ParamSpec{"v_dtype", ::tessera::ParamType::kEnum, "auto",                      \
+                       "storage of V only (auto: dtype)", -INFINITY, INFINITY,              \
+                       "auto|f16|f32|q8_0"}
+
+inline bool parse_kv_dtype(const std::string& name, KvDtype* out) {
+  if (name == "f16") *out = KvDtype::kF16;
+  else if (name == "f32") *out = KvDtype::kF32;
+  else if (name == "q8_0") *out = KvDtype::kQ8_0;
+  else return false;
+  return true;
+}
+
+// Reads dtype / k_dtype / v_dtype (unknown names fall back to f16: the config loader has
+// already checked them against the enum choices).
+inline KvDtypes kv_dtypes_from_config(const PluginConfig& config) {
+  KvDtype base = KvDtype::kF16;
+  parse_kv_dtype(config.get_string("dtype", "f16"), &base);
+  KvDtypes d{base, base};
+  parse_kv_dtype(config.get_string("k_dtype", "auto"), &d.k);
+  parse_kv_dtype(config.get_string("v_dtype", "auto"), &d.v);
+  return d;
+}
+
+// Fails, naming the plugin, when a row of head_dim elements cannot be stored in a dtype.
+inline Status check_kv_dtypes(const char* plugin, const KvModelShape& shape, KvDtypes d) {
+  for (KvDtype t : {d.k, d.v})
+    if (!kv_dtype_fits(t, shape.head_dim))
+      return invalid_argument(std::string(plugin) + ": dtype " + kv_dtype_name(t) +
+                              " stores blocks of 32 elements, but the model's head_dim is " +
+                              std::to_string(shape.head_dim));
+  return Status::ok();
+}
 
 // A block copy the runner must perform before the step's forward (copy-on-write after a fork).
 struct BlockCopy {

@@ -73,10 +73,41 @@ struct SequenceInfo {
   bool is_prefill() const { return num_computed_tokens < num_prompt_tokens; }
 };
 
-// Element type of the KV cache.
-enum class KvDtype { kF32, kF16 };
+// Storage type of K or V rows in the KV cache (since SDK ABI 2.0 K and V each have their
+// own, see KvLayout and AttentionShape).
+//  - kF32, kF16: one float / IEEE half per element.
+//  - kQ8_0: ggml's block_q8_0 (KvBlockQ8_0) — each run of 32 consecutive elements of a
+//    head's row is one f16 scale d and 32 int8 values q, element = d * q. A head's row of
+//    head_dim elements is head_dim / 32 blocks (head_dim must be a multiple of 32); a token's
+//    row of all KV heads is those rows back to back, so blocks never straddle heads.
+enum class KvDtype { kF32, kF16, kQ8_0 };
 
-inline size_t kv_dtype_size(KvDtype t) { return t == KvDtype::kF32 ? 4 : 2; }
-inline const char* kv_dtype_name(KvDtype t) { return t == KvDtype::kF32 ? "f32" : "f16"; }
+inline constexpr int32_t kKvQ8BlockElems = 32;
+struct KvBlockQ8_0 {
+  uint16_t d;                     // IEEE half scale
+  int8_t qs[kKvQ8BlockElems];     // element i = d * qs[i]
+};
+static_assert(sizeof(KvBlockQ8_0) == 34, "ggml's block_q8_0 layout");
+
+// Bytes of `elems` consecutive elements of one row (elems a multiple of 32 for kQ8_0).
+inline size_t kv_row_bytes(KvDtype t, int64_t elems) {
+  switch (t) {
+    case KvDtype::kF32: return static_cast<size_t>(elems) * 4;
+    case KvDtype::kF16: return static_cast<size_t>(elems) * 2;
+    case KvDtype::kQ8_0: return static_cast<size_t>(elems / kKvQ8BlockElems) * sizeof(KvBlockQ8_0);
+  }
+  return 0;
+}
+// Whether rows of head_dim elements can be stored in `t` (kQ8_0: head_dim % 32 == 0).
+inline bool kv_dtype_fits(KvDtype t, int32_t head_dim) {
+  return t != KvDtype::kQ8_0 || head_dim % kKvQ8BlockElems == 0;
+}
+// Bytes per element of the float types; 0 for block types (use kv_row_bytes).
+inline size_t kv_dtype_size(KvDtype t) {
+  return t == KvDtype::kF32 ? 4 : t == KvDtype::kF16 ? 2 : 0;
+}
+inline const char* kv_dtype_name(KvDtype t) {
+  return t == KvDtype::kF32 ? "f32" : t == KvDtype::kF16 ? "f16" : "q8_0";
+}
 
 }  // namespace tessera

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# `tessera eval` on the real default model, over a text every Debian system ships (the GPL
+# version 3 in /usr/share/common-licenses, package base-files), with a small context so it
+# runs in seconds:
+#  - perplexity is finite and in a sane range;
+#  - a stack against itself (evaluated in the same run, or through saved log-probabilities)
+#    has KLD exactly 0, top-1 agreement 100 % and identical greedy continuations;
+#  - a lower-precision stack (f16 and q8_0 KV caches against the f32 one) has KLD > 0;
+#  - bad input (missing corpus, a corpus shorter than one chunk, a reference file made with
+#    another context or from another text, a file that is no reference) is one error line and
+#    exit status 1.
+# Exit 77 (skipped) without the model or the corpus. Ends with "N passed, N failed".
+set -uo pipefail
+
+bin="$TESSERA_BUILD_DIR/bin/tessera"
+model_dir="${TESSERA_MODEL_DIR:-$HOME/.cache/tessera/models}"
+model="${TESSERA_MODEL_PATH:-$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf}"
+corpus=/usr/share/common-licenses/GPL-3
+if [[ ! -f "$model" || ! -f "$corpus" ]]; then
+  echo "skipped: needs $model and $corpus"
+  exit 77
+fi
+scratch="$TESSERA_BUILD_DIR/test-scratch/eval"
+rm -rf "$scratch" && mkdir -p "$scratch"
+cd "$scratch" || exit 1
+passed=0
+failed=0
+pass() { echo "ok   $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1"; failed=$((failed + 1)); }
+
+# check NAME JSON_FILE PYTHON_EXPRESSION (over the parsed report `r`)
+check() {
+  local name=$1 file=$2 expr=$3
+  if python3 -c "import json,math,sys; r=json.load(open('$file')); sys.exit(0 if ($expr) else 1)"; then
+    pass "$name"
+  else
+    fail "$name: $expr is false for $(python3 -c "import json; r=json.load(open('$file')); print({k: r.get(k) for k in ('ppl','kld','top1_agreement','reference')})")"
+  fi
+}
+
+# expect_error NAME EXPECTED_SUBSTRING COMMAND... (one "error: " line on stderr), and the
+# exit status must be 1.
+source "$TESSERA_SOURCE_DIR/tests/support/expect_error.sh"
+expect_error_1() {
+  expect_error "$@"
+  if [[ $last_rc -ne 1 ]]; then fail "$1: exit status $last_rc, expected 1"; fi
+}
+
+src="$TESSERA_SOURCE_DIR/configs"
+cat >f16.yaml <<YAML
+extends: $src/smollm2-cpu.yaml
+model: {path: $model}
+YAML
+cat >f32.yaml <<YAML
+extends: $src/smollm2-cpu-f32kv.yaml
+model: {path: $model}
+YAML
+cat >q8.yaml <<YAML
+extends: $src/smollm2-cpu.yaml
+model: {path: $model}
+engine:
+  kv_cache: {plugin: paged, block_size: 16, memory: 512MiB, dtype: q8_0, prefix_caching: true}
+YAML
+eval_args=(eval --corpus "$corpus" --ctx 128 --chunks 3)
+
+# --- perplexity, a stack against itself -----------------------------------------------------
+if "$bin" "${eval_args[@]}" --config f16.yaml --reference-config f16.yaml --json self.json --html self.html \
+    --save-logits f16.logp --greedy 8 >self.out 2>self.err; then
+  check "perplexity is finite and sane" self.json "math.isfinite(r['ppl']) and 2 < r['ppl'] < 200 and r['scored_tokens'] == 3 * 63"
+  check "a stack against itself: KLD exactly 0, top-1 100 %" self.json \
+    "r['kld']['mean'] == 0 and r['kld']['max'] == 0 and r['top1_agreement'] == 1 and r['delta_p']['rms'] == 0 and r['reference']['ppl'] == r['ppl']"
+  check "a stack against itself: greedy continuations identical" self.json \
+    "r['greedy']['identical'] == 3 and r['greedy']['mean_agreeing_prefix'] == 1"
+  if grep -q "KLD 99.9%" self.err && grep -q "same top-1" self.err && grep -q "<svg" self.html; then
+    pass "terminal table and HTML report"
+  else
+    fail "terminal table and HTML report"
+  fi
+else
+  fail "tessera eval f16 vs f16: $(tail -3 self.err)"
+fi
+
+# --- the saved reference reused -------------------------------------------------------------
+if "$bin" "${eval_args[@]}" --config f16.yaml --reference-logits f16.logp --json reuse.json -q 2>reuse.err; then
+  check "saved log-probabilities of the same stack: KLD exactly 0" reuse.json \
+    "r['kld']['max'] == 0 and r['top1_agreement'] == 1"
+  check "saved reference reports the same perplexity" reuse.json \
+    "r['reference']['ppl'] == json.load(open('self.json'))['ppl']"
+else
+  fail "tessera eval --reference-logits: $(tail -3 reuse.err)"
+fi
+
+# --- lower precision has a cost -------------------------------------------------------------
+for low in f16 q8; do
+  if "$bin" "${eval_args[@]}" --config $low.yaml --reference-config f32.yaml --json $low-vs-f32.json -q --greedy 8 \
+      2>$low.err; then
+    check "$low KV cache vs f32 KV cache: KLD > 0" $low-vs-f32.json \
+      "r['kld']['mean'] > 0 and r['kld']['max'] >= r['kld']['p99_9'] >= r['kld']['p99'] >= r['kld']['median'] >= 0 and 0.5 < r['top1_agreement'] <= 1 and 0 <= r['greedy']['mean_agreeing_prefix'] <= 1"
+  else
+    fail "tessera eval $low vs f32: $(tail -3 $low.err)"
+  fi
+done
+
+# --- bad input ------------------------------------------------------------------------------
+expect_error_1 "missing corpus" "no-such.txt" "$bin" eval -q --config f16.yaml --corpus no-such.txt
+printf 'Only a few words.\n' >short.txt
+expect_error_1 "corpus shorter than one chunk" "shorter than one chunk" "$bin" eval -q --config f16.yaml --corpus short.txt --ctx 128
+: >empty.txt
+expect_error_1 "empty corpus" "empty" "$bin" eval -q --config f16.yaml --corpus empty.txt
+expect_error_1 "reference made with another context" "--ctx 128" \
+  "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 64 --chunks 3 --reference-logits f16.logp
+head -c 20000 /usr/share/common-licenses/Apache-2.0 >other.txt
+expect_error_1 "reference made from another text" "different text" \
+  "$bin" eval -q --config f16.yaml --corpus other.txt --ctx 128 --chunks 3 --reference-logits f16.logp
+expect_error_1 "reference with more chunks than saved" "holds 3 chunks" \
+  "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --chunks 4 --reference-logits f16.logp
+expect_error_1 "not a reference file" "not a file written by tessera eval" \
+  "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --reference-logits "$corpus"
+expect_error_1 "greedy continuations need a reference stack" "--greedy needs --reference-config" \
+  "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --greedy 8 --reference-logits f16.logp
+expect_error_1 "missing reference file" "cannot open" \
+  "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --reference-logits no-such.logp
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
