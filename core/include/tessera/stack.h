@@ -11,14 +11,10 @@
 
 namespace tessera {
 
-// The plugins of the engine slots and the loaded model, not yet wired into an Engine (for
-// tools that drive a runner themselves, e.g. `tessera eval`). Same errors as build_engine.
-EngineComponents build_engine_components(const StackConfig& config, PluginRegistry& registry,
-                                         const Model::ProgressFn& progress = {});
-
 // Throws PluginError / std::runtime_error naming the slot (e.g. "engine.kv_cache: ...").
-// The plugins and the model of `config`'s engine, before they become an Engine (tests wrap
-// a component, e.g. to inject a failing scheduler).
+// The plugins and the model of `config`'s engine, before they become an Engine: for tools
+// that drive a runner themselves (`tessera eval`) and tests that wrap a component (e.g. to
+// inject a failing scheduler).
 EngineComponents build_engine_components(const StackConfig& config, PluginRegistry& registry,
                                          const Model::ProgressFn& progress = {});
 
