@@ -115,7 +115,16 @@ void run_serve(const ServeOptions& opt) {
     poll_shutdown();
   });
 
-  io.run();
+  // A handler that throws must not end the server: log it and keep serving (the request
+  // handlers answer their own failures; this catches anything else).
+  for (;;) {
+    try {
+      io.run();
+      break;
+    } catch (const std::exception& e) {
+      spdlog::error("serve: an I/O handler failed: {}; the server continues", e.what());
+    }
+  }
   // Teardown order: no more engine callbacks, then connections closed while the server and
   // io_context still exist, then the engine's leftover requests (and their sockets) freed.
   engine.stop();

@@ -1,6 +1,7 @@
 // The OpenAI request parser and the stop-string filter of `tessera serve`.
 #include <doctest/doctest.h>
 
+#include "server/json_body.h"
 #include "server/openai_protocol.h"
 
 using nlohmann::json;
@@ -116,4 +117,50 @@ TEST_CASE("chat requests: messages, content parts, chat-style logprobs") {
       json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})"), ApiKind::kChat,
       &err));
   CHECK(err.param == "top_logprobs");
+}
+
+TEST_CASE("request bodies: nesting is bounded and library errors name the field") {
+  using tessera::server::JsonBodyError;
+  using tessera::server::parse_json_body;
+  JsonBodyError e;
+  auto ok = parse_json_body(R"({"a": [1, {"b": [2.5, "x", null, true]}], "c": {}})", &e);
+  REQUIRE(ok);
+  CHECK(*ok == json::parse(R"({"a": [1, {"b": [2.5, "x", null, true]}], "c": {}})"));
+  auto dup = parse_json_body(R"({"k": 1, "k": 2})", &e);
+  REQUIRE(dup);
+  CHECK((*dup)["k"] == 2);  // as json::parse: the last one wins
+
+  // 64 levels are allowed, 65 are not; the top-level field is named.
+  const auto nested = [](int depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  CHECK(parse_json_body(nested(64), &e));
+  CHECK_FALSE(parse_json_body(nested(65), &e));
+  CHECK(e.param.empty());
+  CHECK(e.message.find("nested deeper than 64") != std::string::npos);
+  CHECK_FALSE(parse_json_body(R"({"model": "m", "prompt": )" + nested(300000) + "}", &e));
+  CHECK(e.param == "prompt");
+  CHECK(e.message.rfind("prompt: nested deeper than", 0) == 0);
+
+  struct Case { const char* body; const char* param; };
+  for (const Case& c : {Case{R"({"max_tokens": 1e400})", "max_tokens"},
+                        Case{R"({"temperature": -1e400})", "temperature"},
+                        Case{R"({"stop": ["a", 1e999]})", "stop[1]"},
+                        Case{R"({"messages": [{"role": "user"}, {"content": 2E400}]})", "messages[1].content"},
+                        Case{R"({"a": {"b": [[0, 1e400]]}})", "a.b[0][1]"}}) {
+    CAPTURE(c.body);
+    CHECK_FALSE(parse_json_body(c.body, &e));
+    CHECK(e.param == c.param);
+    CHECK(e.message.rfind(std::string(c.param) + ": the number", 0) == 0);
+    CHECK(e.message.find("out of range") != std::string::npos);
+  }
+  CHECK_FALSE(parse_json_body("1e400", &e));
+  CHECK(e.param.empty());
+  CHECK(e.message.find("out of range") != std::string::npos);
+
+  // Syntax errors: no field, a bounded message even for a huge bad token.
+  for (const std::string body : {std::string(R"({"a": )"), std::string("[1, 2] x"), std::string(""),
+                                 "{\"s\": \"" + std::string(100000, 'x')}) {
+    CHECK_FALSE(parse_json_body(body, &e));
+    CHECK(e.message.rfind("the request body is not valid JSON", 0) == 0);
+    CHECK(e.message.size() < 400);
+  }
 }

@@ -1,5 +1,7 @@
 #include "openai_protocol.h"
 
+#include "json_body.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,17 +16,7 @@ constexpr int kMaxLogprobs = 20;
 constexpr int kMaxStopStrings = 16;
 constexpr int kMaxN = 128;
 
-std::string describe(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a number (" + v.dump() + ")";
-    default: return "an integer (" + v.dump() + ")";
-  }
-}
+std::string describe(const json& v) { return describe_json(v); }
 
 // Field readers: absent or null means "not given" (OpenAI clients send explicit nulls).
 // Each returns false after filling *error when the value is present but wrong.
@@ -126,7 +118,7 @@ bool parse_token_list(Reader& r, const json& list, std::vector<int32_t>* ids) {
   for (size_t i = 0; i < list.size(); ++i) {
     const json& t = list[i];
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      return r.fail("prompt", "token list item " + std::to_string(i) + " is not a token id: " + t.dump());
+      return r.fail("prompt", "token list item " + std::to_string(i) + " is not a token id: " + describe(t));
     ids->push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   if (ids->empty()) return r.fail("prompt", "must not be empty");
@@ -169,7 +161,7 @@ bool parse_content(Reader& r, const json& content, size_t index, std::string* ou
       if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
         return r.fail(part_param, "expected an object with a \"type\"");
       if (part["type"] != "text")
-        return r.fail(part_param + ".type", "only \"text\" content parts are supported, got " + part["type"].dump());
+        return r.fail(part_param + ".type", "only \"text\" content parts are supported");
       if (!part.contains("text") || !part["text"].is_string())
         return r.fail(part_param + ".text", "expected a string");
       *out += part["text"].get<std::string>();

@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 
+#include "json_body.h"
 #include "openai_protocol.h"
 #include "tessera/chat_template.h"
 #include "tessera/tokenizer.h"
@@ -206,6 +208,24 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     if (engine_open > 0 && !cancel_sent) {
       cancel_sent = true;
       service->engine_.cancel(request_id);
+    }
+  }
+
+  // A failure of the server's own code while answering (never expected): the request ends
+  // with a 500 (or an error event on a stream) and the engine work stops; the server goes on.
+  void fail_internal(const std::string& what) {
+    spdlog::error("serve: request {} failed: {}", id, what);
+    abort();
+    if (responded) return;
+    responded = true;
+    if (spec.stream) {
+      send_event({{"error", {{"message", "internal error: " + what}, {"type", "server_error"},
+                             {"param", nullptr}, {"code", nullptr}}}});
+      channel->send_chunk("data: [DONE]\n\n");
+      channel->end_stream();
+    } else {
+      service->reply_error(channel, endpoint, http::status::internal_server_error, "internal error: " + what,
+                           "server_error");
     }
   }
 
@@ -416,7 +436,19 @@ std::string OpenAiService::endpoint_label(std::string_view target) {
 
 void OpenAiService::handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) {
   const std::string endpoint = endpoint_label(std::string_view(request.target().data(), request.target().size()));
-  route(request, channel, endpoint);
+  // Nothing a request does may end the server: whatever escapes the handlers is answered here
+  // (a no-op when the request was answered already) and the server goes on.
+  try {
+    route(request, channel, endpoint);
+  } catch (const json::exception& e) {
+    // Reading a field the validation let through the wrong way is still the body's fault.
+    reply_error(channel, endpoint, http::status::bad_request,
+                std::string("the request body could not be read: ") + e.what(), "invalid_request_error");
+  } catch (const std::exception& e) {
+    spdlog::error("serve: {} {}: {}", std::string(request.method_string()), endpoint, e.what());
+    reply_error(channel, endpoint, http::status::internal_server_error,
+                std::string("internal error: ") + e.what(), "server_error");
+  }
 }
 
 void OpenAiService::on_protocol_error(std::string_view target, int status) {
@@ -488,12 +520,10 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   const auto bad_request = [&](const std::string& message, const std::string& param) {
     reply_error(channel, endpoint, http::status::bad_request, message, "invalid_request_error", param);
   };
-  json body;
-  try {
-    body = json::parse(req.body());
-  } catch (const json::parse_error& e) {
-    return bad_request(std::string("the request body is not valid JSON: ") + e.what(), "");
-  }
+  JsonBodyError json_error;
+  std::optional<json> parsed = parse_json_body(req.body(), &json_error);
+  if (!parsed) return bad_request(json_error.message, json_error.param);
+  json body = std::move(*parsed);
   if (!body.is_object()) return bad_request("the request body must be a JSON object", "");
   ApiError error;
   auto spec = parse_generation_request(body, chat ? ApiKind::kChat : ApiKind::kCompletion, &error);
@@ -571,7 +601,13 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     e.reason = ev.finish_reason;
     if (!ev.error.is_ok()) e.error = ev.error.message();
     if (ev.finished && ev.timings) e.timings = *ev.timings;
-    boost::asio::post(executor, [call, e = std::move(e)]() mutable { call->on_event(std::move(e)); });
+    boost::asio::post(executor, [call, e = std::move(e)]() mutable {
+      try {
+        call->on_event(std::move(e));
+      } catch (const std::exception& ex) {
+        call->fail_internal(ex.what());
+      }
+    });
   };
   uint64_t request_id = 0;
   Status st = engine_.submit(std::move(greq), &request_id);
