@@ -1,6 +1,7 @@
 // The OpenAI request parser and the stop-string filter of `tessera serve`.
 #include <doctest/doctest.h>
 
+#include "server/http_server.h"
 #include "server/json_body.h"
 #include "server/openai_protocol.h"
 
@@ -163,4 +164,49 @@ TEST_CASE("request bodies: nesting is bounded and library errors name the field"
     CHECK(e.message.rfind("the request body is not valid JSON", 0) == 0);
     CHECK(e.message.size() < 400);
   }
+}
+
+TEST_CASE("HTTP framing: obs-fold and every Transfer-Encoding but plain chunked are refused") {
+  using tessera::server::check_header_lines;
+  using tessera::server::check_request_framing;
+  namespace http = boost::beast::http;
+  CHECK_FALSE(check_header_lines("POST / HTTP/1.1\r\nHost: x\r\nA: b\r\n"));
+  auto fold = check_header_lines("POST / HTTP/1.1\r\nHost: x\r\nA: b\r\n c\r\n");
+  REQUIRE(fold);
+  CHECK(fold->status == http::status::bad_request);
+  CHECK(fold->message.find("obs-fold") != std::string::npos);
+  CHECK(check_header_lines("POST / HTTP/1.1\r\n\tHost: x\r\n"));  // whitespace before the first field
+
+  const auto framing = [](std::vector<std::pair<http::field, std::string>> fields, unsigned version = 11) {
+    http::request_header<> h;
+    h.version(version);
+    for (auto& [f, v] : fields) h.insert(f, v);
+    return check_request_framing(h);
+  };
+  using F = http::field;
+  CHECK_FALSE(framing({}));
+  CHECK_FALSE(framing({{F::content_length, "5"}}));
+  CHECK_FALSE(framing({{F::transfer_encoding, "chunked"}}));
+  CHECK_FALSE(framing({{F::transfer_encoding, " Chunked "}}));
+  struct Bad { std::vector<std::pair<http::field, std::string>> fields; http::status status; };
+  for (const Bad& b : {Bad{{{F::transfer_encoding, "xchunked"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked"}, {F::content_length, "3"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked, gzip"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked,chunked"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked"}, {F::transfer_encoding, "chunked"}},
+                           http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked,"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "\"chunked\""}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, ""}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "gzip, chunked"}}, http::status::not_implemented},
+                       Bad{{{F::transfer_encoding, "gzip"}, {F::transfer_encoding, "chunked"}},
+                           http::status::not_implemented}}) {
+    auto problem = framing(b.fields);
+    REQUIRE(problem);
+    CHECK(problem->status == b.status);
+    CHECK(problem->message.find("Transfer-Encoding") != std::string::npos);
+  }
+  auto http10 = framing({{F::transfer_encoding, "chunked"}}, 10);
+  REQUIRE(http10);
+  CHECK(http10->status == http::status::bad_request);
 }
