@@ -26,6 +26,7 @@ struct ServeOptions {
   std::string config;
   std::optional<std::string> host;
   std::optional<int> port;
+  bool no_access_log = false;
 };
 
 // Keys from the config plus TESSERA_API_KEYS (comma-separated), so secrets need not be in a
@@ -59,6 +60,7 @@ void run_serve(const ServeOptions& opt) {
   const auto api_keys = collect_api_keys(server_config);
 
   server::OpenAiService service(engine, server_config, model_id, api_keys);
+  service.set_access_log(!opt.no_access_log);
   server::HttpServer http(io, server_config, service);
   try {
     http.listen();
@@ -144,6 +146,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("-c,--config", opt->config, "stack YAML (default: configs/smollm2-cpu.yaml)");
   cmd->add_option("--host", opt->host, "address to bind (overrides server.host; default 127.0.0.1)");
   cmd->add_option("--port", opt->port, "port (overrides server.port; 0 picks a free one)");
+  cmd->add_flag("--no-access-log", opt->no_access_log,
+                 "do not write the per-request access line (method, path, status, tokens, TTFT, duration) to stderr");
   cmd->callback([opt] { run_serve(*opt); });
 }
 

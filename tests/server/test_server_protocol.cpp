@@ -83,7 +83,12 @@ TEST_CASE("completion requests: types, ranges and unsupported fields name the fi
                        Bad{R"({"model":"m","prompt":"hi","logprobs":true})", "logprobs"},
                        Bad{R"({"model":"m","prompt":"hi","echo":true})", "echo"},
                        Bad{R"({"model":"m","prompt":"hi","stream_options":{"include_usage":true}})", "stream_options"},
-                       Bad{R"({"model":"m","prompt":["a","b"]})", "prompt"},
+                       Bad{R"({"model":"m","prompt":["a",1]})", "prompt[1]"},
+                       Bad{R"({"model":"m","prompt":[[1],"a"]})", "prompt[1]"},
+                       Bad{R"({"model":"m","prompt":["a",""]})", "prompt[1]"},
+                       Bad{R"({"model":"m","prompt":[]})", "prompt"},
+                       Bad{R"({"model":"m","prompt":[true]})", "prompt"},
+                       Bad{R"({"model":"m","prompt":"hi","parse_special":1})", "parse_special"},
                        Bad{R"({"model":3,"prompt":"hi"})", "model"},
                        Bad{R"({"prompt":"hi"})", "model"}}) {
     CAPTURE(b.body);
