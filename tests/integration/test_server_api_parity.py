@@ -5,8 +5,8 @@ where a client call exists and httpx otherwise:
   = prompt index * n + sample index; streamed too), each choice equal to the same prompt
   sent alone;
 - vLLM's /tokenize and /detokenize (prompt and chat forms), consistent with usage;
-- special-token text in a completions prompt recognized as the chat template path does
-  (`parse_special: false` keeps it text);
+- special-token text in a completions prompt recognized as the chat template path does and
+  as llama.cpp does (the reference fixture's prompt ids); `parse_special: false` keeps it text;
 - usage.prompt_tokens_details.cached_tokens from the prefix cache, equal to the server's
   prefix-cache hit counter;
 - /metrics parsed by prometheus_client: every family once, with its declared type;
@@ -188,6 +188,23 @@ class SpecialTokens(unittest.TestCase):
         as_text = tokenize(prompt=text, parse_special=False)["tokens"]
         self.assertNotIn(im_start[0], as_text)
         self.assertGreater(len(as_text), len(chat_ids))
+
+    def test_prompt_ids_equal_llama_cpp_reference_ids(self):
+        # tests/fixtures/reference: prompt ids from llama.cpp (llama-cpp-python 0.3.36) for
+        # the same model, including a hand-formatted chat prompt tokenized with parse_special.
+        path = os.path.join(h.SOURCE_DIR, "tests", "fixtures", "reference", "smollm2-135m-instruct-q4_1.json")
+        with open(path) as f:
+            fixtures = json.load(f)["prompts"]
+        self.assertTrue(any(p["parse_special"] for p in fixtures))
+        for p in fixtures:
+            with self.subTest(prompt=p["name"]):
+                ids = tokenize(prompt=p["text"], parse_special=p["parse_special"])["tokens"]
+                self.assertEqual(ids, p["prompt_ids"])
+                if p["parse_special"]:
+                    # The default for completions is to parse special tokens, as llama.cpp's server does.
+                    self.assertEqual(tokenize(prompt=p["text"])["tokens"], p["prompt_ids"])
+                    r = client().completions.create(model=MODEL, prompt=p["text"], max_tokens=1)
+                    self.assertEqual(r.usage.prompt_tokens, len(p["prompt_ids"]))
 
     def test_a_hand_formatted_chat_prompt_continues_as_the_chat_endpoint(self):
         chat = client().chat.completions.create(model=MODEL, messages=self.MESSAGES, max_tokens=8, temperature=0)

@@ -549,7 +549,8 @@ std::string OpenAiService::endpoint_label(std::string_view target) {
 void OpenAiService::handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) {
   const std::string_view target(request.target().data(), request.target().size());
   const std::string endpoint = endpoint_label(target);
-  current_ = AccessRecord{std::string(request.method_string()), loggable_path(target), std::chrono::steady_clock::now()};
+  current_ = AccessRecord{std::string(request.method_string()), loggable_path(target),
+                          std::chrono::steady_clock::now()};
   // Nothing a request does may end the server: whatever escapes the handlers is answered here
   // (a no-op when the request was answered already) and the server goes on.
   try {
