@@ -104,6 +104,21 @@ class BatchedPrompts(unittest.TestCase):
         self.assertEqual(usage.prompt_tokens, whole.usage.prompt_tokens)
         self.assertEqual(usage.completion_tokens, whole.usage.completion_tokens)
 
+    def test_a_client_leaving_a_streamed_batch_cancels_every_prompt(self):
+        before = SERVER.metric("tessera_requests_cancelled_by_client_total")
+        body = {"model": MODEL, "prompt": PROMPTS, "n": 2, "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", SERVER.url + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
+            self.assertEqual(r.status_code, 200)
+            events = 0
+            for line in r.iter_lines():
+                events += line.startswith("data: ")
+                if events >= 12:
+                    break
+        self.assertTrue(SERVER.wait_for_metric("tessera_requests_cancelled_by_client_total", before + 1))
+        self.assertTrue(SERVER.wait_for_metric("tessera_requests_in_flight", 0))
+        self.assertTrue(SERVER.wait_for_metric("tessera_kv_blocks_used", 0))
+        self.assertTrue(SERVER.wait_for_metric("tessera_engine_running_sequences", 0))
+
     def test_batch_errors_name_the_prompt(self):
         with self.assertRaises(openai.BadRequestError) as e:
             client().completions.create(model=MODEL, prompt=["fine", ""], max_tokens=2)
