@@ -119,6 +119,26 @@ class BatchedPrompts(unittest.TestCase):
         self.assertTrue(SERVER.wait_for_metric("tessera_kv_blocks_used", 0))
         self.assertTrue(SERVER.wait_for_metric("tessera_engine_running_sequences", 0))
 
+    def test_a_prompt_ended_by_a_stop_string_stops_generating_while_the_batch_goes_on(self):
+        eos = {"ignore_eos": True}
+        first = self.single(PROMPTS[0], extra_body=eos).choices[0].text
+        second = client().completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=200, temperature=0,
+                                             extra_body=eos).choices[0].text
+        stop = next((first[:k] for k in range(3, len(first) + 1) if first[:k].strip() and first[:k] not in second),
+                    None)
+        self.assertIsNotNone(stop, (first, second))
+        before = SERVER.metric("tessera_generation_tokens_total")
+        r = client().completions.create(model=MODEL, prompt=PROMPTS[:2], max_tokens=200, temperature=0, stop=[stop],
+                                        extra_body=eos)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        self.assertEqual(r.choices[1].finish_reason, "length")
+        self.assertEqual(r.choices[1].text, second)
+        # Every sequence's last event counted (the stopped one's comes after its cancel).
+        self.assertTrue(SERVER.wait_for_metric("tessera_requests_in_flight", 0))
+        generated = SERVER.metric("tessera_generation_tokens_total") - before
+        # Without the per-prompt cancel the engine would generate 200 tokens for each prompt.
+        self.assertLess(generated, 300, "the stopped prompt went on generating")
+
     def test_batch_errors_name_the_prompt(self):
         with self.assertRaises(openai.BadRequestError) as e:
             client().completions.create(model=MODEL, prompt=["fine", ""], max_tokens=2)

@@ -157,7 +157,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   std::vector<int32_t> cached_each;
   std::vector<Choice> choices;
   int32_t engine_open = 0;    // samples the engine has not finished, all prompts
-  bool cancel_sent = false;
+  std::vector<char> cancel_sent;  // per prompt: Engine::cancel was called for it
   bool responded = false;     // the answer is complete, or the client is gone
   AccessRecord access;
   double ttft_ms = -1;        // arrival to the first token on the io thread
@@ -222,6 +222,9 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
       service->metrics_.observe_sequence(ev.timings, static_cast<int32_t>(kept_tokens(c)));
       service->metrics_.count_tokens(0, static_cast<int64_t>(ev.timings.token_times.size()));
     }
+    // Stop strings ended every sample of this prompt before the engine did: free its
+    // sequences now, even while other prompts of the batch go on.
+    if (prompt_done(ev.prompt)) cancel_prompt(static_cast<size_t>(ev.prompt));
     maybe_complete();
   }
 
@@ -233,10 +236,17 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
 
   // Frees the engine's sequences of every prompt still running.
   void cancel_engine() {
-    if (engine_open <= 0 || cancel_sent) return;
-    cancel_sent = true;
-    for (size_t p = 0; p < request_ids.size(); ++p)
-      if (open_per_prompt[p] > 0) service->engine_.cancel(request_ids[p]);
+    for (size_t p = 0; p < request_ids.size(); ++p) cancel_prompt(p);
+  }
+  void cancel_prompt(size_t p) {
+    if (p >= request_ids.size() || open_per_prompt[p] <= 0 || cancel_sent[p]) return;
+    cancel_sent[p] = 1;
+    service->engine_.cancel(request_ids[p]);
+  }
+  bool prompt_done(int32_t p) const {
+    for (int32_t j = 0; j < spec.n; ++j)
+      if (!choices[static_cast<size_t>(p * spec.n + j)].finished) return false;
+    return true;
   }
 
   AccessFigures figures() const {
@@ -896,6 +906,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     call->open_per_prompt.push_back(call->spec.n);
     call->prompt_tokens_each.push_back(prompt_len);
     call->cached_each.push_back(0);
+    call->cancel_sent.push_back(0);
     call->engine_open += call->spec.n;
     ++in_flight_;
     submitted_tokens += prompt_len;
