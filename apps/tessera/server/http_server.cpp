@@ -134,10 +134,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
   HttpSession(tcp::socket socket, HttpServer& server)
       : socket_(std::move(socket)), deadline_(socket_.get_executor()), server_(server),
-        config_(server.config_) {
-    server_.sessions_.insert(this);
+        config_(server.config_), sessions_(server.sessions_) {
+    sessions_->insert(this);
   }
-  ~HttpSession() { server_.sessions_.erase(this); }
+  ~HttpSession() { sessions_->erase(this); }
 
   void start() { wait_for_request(); }
 
@@ -205,6 +205,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   // Each arming gets a number, so a wait that completed just before being re-armed (its
   // handler already queued) cannot close the connection under the new deadline.
   void arm_deadline(double secs) {
+    // A closed session arms nothing: a wait armed now would outlive the final poll at exit.
+    if (closed_) return;
     const uint64_t armed = ++deadline_serial_;
     deadline_.expires_after(seconds(secs));
     deadline_.async_wait([self = shared_from_this(), armed](error_code ec) {
@@ -400,6 +402,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   void on_written(error_code ec) {
     writing_ = false;
+    // A write that completed just before close(): nothing more to send or wait for.
+    if (closed_) return;
     if (ec) return close();
     outbox_.pop_front();
     if (!outbox_.empty()) return write_next();
@@ -440,6 +444,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   net::steady_timer deadline_;
   HttpServer& server_;
   const ServerConfig& config_;
+  std::shared_ptr<std::set<HttpSession*>> sessions_;
   boost::beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> outbox_;
@@ -535,14 +540,14 @@ void HttpServer::stop_accepting() {
   stopping_ = true;
   error_code ec;
   acceptor_.close(ec);
-  for (HttpSession* s : std::set<HttpSession*>(sessions_)) s->drain();
+  for (HttpSession* s : std::set<HttpSession*>(*sessions_)) s->drain();
 }
 
 void HttpServer::close_all() {
   stopping_ = true;
   error_code ec;
   acceptor_.close(ec);
-  for (HttpSession* s : std::set<HttpSession*>(sessions_)) s->close();
+  for (HttpSession* s : std::set<HttpSession*>(*sessions_)) s->close();
 }
 
 }  // namespace tessera::server

@@ -72,7 +72,7 @@ class HttpServer {
   void stop_accepting();
   // Second half: closes every connection now.
   void close_all();
-  size_t num_connections() const { return sessions_.size(); }
+  size_t num_connections() const { return sessions_->size(); }
 
  private:
   friend class HttpSession;
@@ -84,7 +84,10 @@ class HttpServer {
   boost::asio::ip::tcp::acceptor acceptor_;
   uint16_t bound_port_ = 0;
   bool stopping_ = false;
-  std::set<HttpSession*> sessions_;  // live sessions (each removes itself when destroyed)
+  // Live sessions; each removes itself when destroyed. Shared with them, because a session
+  // may be destroyed after the server: a handler holding it that never ran is destroyed with
+  // the io_context.
+  std::shared_ptr<std::set<HttpSession*>> sessions_ = std::make_shared<std::set<HttpSession*>>();
 };
 
 // Request framing that could be read two ways (by this server and by a proxy in front of it),
