@@ -222,6 +222,8 @@ def main():
             json.dump(report, f, indent=2)
     ok = (stats.counts["failed"] == 0 and stats.counts["truncated"] == 0 and drained and
           kv_used == 0 and alive and exit_code == 0)
+    if exit_code != 0:
+        print("server stderr (last 30 lines):\n" + "".join(server.stderr_lines[-30:]), file=sys.stderr)
     print("soak:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

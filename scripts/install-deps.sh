@@ -25,8 +25,9 @@ if ((${#missing[@]})); then
 fi
 
 # Python packages the server tests and bench/load_test.py use (pinned): the official OpenAI
-# client and httpx. Installed only when missing or at another version.
-python_packages=(openai==2.8.1 httpx==0.28.1)
+# client, httpx, and prometheus_client (its text parser checks /metrics). Installed only when
+# missing or at another version.
+python_packages=(openai==2.8.1 httpx==0.28.1 prometheus-client==0.21.1)
 if ! python3 - "${python_packages[@]}" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version

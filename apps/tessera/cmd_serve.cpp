@@ -28,6 +28,7 @@ struct ServeOptions {
   std::optional<std::string> host;
   std::optional<int> port;
   std::string roofline_report;
+  bool no_access_log = false;
 };
 
 // Keys from the config plus TESSERA_API_KEYS (comma-separated), so secrets need not be in a
@@ -66,6 +67,7 @@ void run_serve(const ServeOptions& opt) {
   stats_options.roofline_report = opt.roofline_report;
   server::StatsRecorder stats(io.get_executor(), engine, service.metrics(), model_id, stats_options);
   service.attach_stats(&stats);
+  service.set_access_log(!opt.no_access_log);
   server::HttpServer http(io, server_config, service);
   try {
     http.listen();
@@ -123,7 +125,16 @@ void run_serve(const ServeOptions& opt) {
     poll_shutdown();
   });
 
-  io.run();
+  // A handler that throws must not end the server: log it and keep serving (the request
+  // handlers answer their own failures; this catches anything else).
+  for (;;) {
+    try {
+      io.run();
+      break;
+    } catch (const std::exception& e) {
+      spdlog::error("serve: an I/O handler failed: {}; the server continues", e.what());
+    }
+  }
   stats.stop();
   // Teardown order: no more engine callbacks, then connections closed while the server and
   // io_context still exist, then the engine's leftover requests (and their sockets) freed.
@@ -146,6 +157,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", opt->port, "port (overrides server.port; 0 picks a free one)");
   cmd->add_option("--roofline-report", opt->roofline_report,
                   "a `tessera bench roofline --json` file shown on /dashboard (read when the page asks)");
+  cmd->add_flag("--no-access-log", opt->no_access_log,
+                 "do not write the per-request access line (method, path, status, tokens, TTFT, duration) to stderr");
   cmd->callback([opt] { run_serve(*opt); });
 }
 

@@ -1,6 +1,8 @@
 // The OpenAI request parser and the stop-string filter of `tessera serve`.
 #include <doctest/doctest.h>
 
+#include "server/http_server.h"
+#include "server/json_body.h"
 #include "server/openai_protocol.h"
 
 using nlohmann::json;
@@ -81,7 +83,12 @@ TEST_CASE("completion requests: types, ranges and unsupported fields name the fi
                        Bad{R"({"model":"m","prompt":"hi","logprobs":true})", "logprobs"},
                        Bad{R"({"model":"m","prompt":"hi","echo":true})", "echo"},
                        Bad{R"({"model":"m","prompt":"hi","stream_options":{"include_usage":true}})", "stream_options"},
-                       Bad{R"({"model":"m","prompt":["a","b"]})", "prompt"},
+                       Bad{R"({"model":"m","prompt":["a",1]})", "prompt[1]"},
+                       Bad{R"({"model":"m","prompt":[[1],"a"]})", "prompt[1]"},
+                       Bad{R"({"model":"m","prompt":["a",""]})", "prompt[1]"},
+                       Bad{R"({"model":"m","prompt":[]})", "prompt"},
+                       Bad{R"({"model":"m","prompt":[true]})", "prompt"},
+                       Bad{R"({"model":"m","prompt":"hi","parse_special":1})", "parse_special"},
                        Bad{R"({"model":3,"prompt":"hi"})", "model"},
                        Bad{R"({"prompt":"hi"})", "model"}}) {
     CAPTURE(b.body);
@@ -116,4 +123,95 @@ TEST_CASE("chat requests: messages, content parts, chat-style logprobs") {
       json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})"), ApiKind::kChat,
       &err));
   CHECK(err.param == "top_logprobs");
+}
+
+TEST_CASE("request bodies: nesting is bounded and library errors name the field") {
+  using tessera::server::JsonBodyError;
+  using tessera::server::parse_json_body;
+  JsonBodyError e;
+  auto ok = parse_json_body(R"({"a": [1, {"b": [2.5, "x", null, true]}], "c": {}})", &e);
+  REQUIRE(ok);
+  CHECK(*ok == json::parse(R"({"a": [1, {"b": [2.5, "x", null, true]}], "c": {}})"));
+  auto dup = parse_json_body(R"({"k": 1, "k": 2})", &e);
+  REQUIRE(dup);
+  CHECK((*dup)["k"] == 2);  // as json::parse: the last one wins
+
+  // 64 levels are allowed, 65 are not; the top-level field is named.
+  const auto nested = [](int depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  CHECK(parse_json_body(nested(64), &e));
+  CHECK_FALSE(parse_json_body(nested(65), &e));
+  CHECK(e.param.empty());
+  CHECK(e.message.find("nested deeper than 64") != std::string::npos);
+  CHECK_FALSE(parse_json_body(R"({"model": "m", "prompt": )" + nested(300000) + "}", &e));
+  CHECK(e.param == "prompt");
+  CHECK(e.message.rfind("prompt: nested deeper than", 0) == 0);
+
+  struct Case { const char* body; const char* param; };
+  for (const Case& c : {Case{R"({"max_tokens": 1e400})", "max_tokens"},
+                        Case{R"({"temperature": -1e400})", "temperature"},
+                        Case{R"({"stop": ["a", 1e999]})", "stop[1]"},
+                        Case{R"({"messages": [{"role": "user"}, {"content": 2E400}]})", "messages[1].content"},
+                        Case{R"({"a": {"b": [[0, 1e400]]}})", "a.b[0][1]"}}) {
+    CAPTURE(c.body);
+    CHECK_FALSE(parse_json_body(c.body, &e));
+    CHECK(e.param == c.param);
+    CHECK(e.message.rfind(std::string(c.param) + ": the number", 0) == 0);
+    CHECK(e.message.find("out of range") != std::string::npos);
+  }
+  CHECK_FALSE(parse_json_body("1e400", &e));
+  CHECK(e.param.empty());
+  CHECK(e.message.find("out of range") != std::string::npos);
+
+  // Syntax errors: no field, a bounded message even for a huge bad token.
+  for (const std::string body : {std::string(R"({"a": )"), std::string("[1, 2] x"), std::string(""),
+                                 "{\"s\": \"" + std::string(100000, 'x')}) {
+    CHECK_FALSE(parse_json_body(body, &e));
+    CHECK(e.message.rfind("the request body is not valid JSON", 0) == 0);
+    CHECK(e.message.size() < 400);
+  }
+}
+
+TEST_CASE("HTTP framing: obs-fold and every Transfer-Encoding but plain chunked are refused") {
+  using tessera::server::check_header_lines;
+  using tessera::server::check_request_framing;
+  namespace http = boost::beast::http;
+  CHECK_FALSE(check_header_lines("POST / HTTP/1.1\r\nHost: x\r\nA: b\r\n"));
+  auto fold = check_header_lines("POST / HTTP/1.1\r\nHost: x\r\nA: b\r\n c\r\n");
+  REQUIRE(fold);
+  CHECK(fold->status == http::status::bad_request);
+  CHECK(fold->message.find("obs-fold") != std::string::npos);
+  CHECK(check_header_lines("POST / HTTP/1.1\r\n\tHost: x\r\n"));  // whitespace before the first field
+
+  const auto framing = [](std::vector<std::pair<http::field, std::string>> fields, unsigned version = 11) {
+    http::request_header<> h;
+    h.version(version);
+    for (auto& [f, v] : fields) h.insert(f, v);
+    return check_request_framing(h);
+  };
+  using F = http::field;
+  CHECK_FALSE(framing({}));
+  CHECK_FALSE(framing({{F::content_length, "5"}}));
+  CHECK_FALSE(framing({{F::transfer_encoding, "chunked"}}));
+  CHECK_FALSE(framing({{F::transfer_encoding, " Chunked "}}));
+  struct Bad { std::vector<std::pair<http::field, std::string>> fields; http::status status; };
+  for (const Bad& b : {Bad{{{F::transfer_encoding, "xchunked"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked"}, {F::content_length, "3"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked, gzip"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked,chunked"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked"}, {F::transfer_encoding, "chunked"}},
+                           http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "chunked,"}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "\"chunked\""}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, ""}}, http::status::bad_request},
+                       Bad{{{F::transfer_encoding, "gzip, chunked"}}, http::status::not_implemented},
+                       Bad{{{F::transfer_encoding, "gzip"}, {F::transfer_encoding, "chunked"}},
+                           http::status::not_implemented}}) {
+    auto problem = framing(b.fields);
+    REQUIRE(problem);
+    CHECK(problem->status == b.status);
+    CHECK(problem->message.find("Transfer-Encoding") != std::string::npos);
+  }
+  auto http10 = framing({{F::transfer_encoding, "chunked"}}, 10);
+  REQUIRE(http10);
+  CHECK(http10->status == http::status::bad_request);
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -31,7 +32,81 @@ std::string serialize(HttpResponse& response) {
   return os.str();
 }
 
+bool is_token_char(char c) {
+  // RFC 9110 tchar
+  if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return true;
+  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+bool is_chunked(std::string_view coding) {
+  constexpr std::string_view kChunked = "chunked";
+  if (coding.size() != kChunked.size()) return false;
+  for (size_t i = 0; i < coding.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(coding[i])) != kChunked[i]) return false;
+  return true;
+}
+
+std::string_view trim_ows(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
 }  // namespace
+
+std::optional<FramingError> check_header_lines(std::string_view header) {
+  size_t line = header.find("\r\n");  // skip the request line
+  while (line != std::string_view::npos && line + 2 < header.size()) {
+    const char first = header[line + 2];
+    if (first == ' ' || first == '\t')
+      return FramingError{http::status::bad_request,
+                          "malformed HTTP request: a header line starts with whitespace (obs-fold line folding is "
+                          "not accepted)"};
+    line = header.find("\r\n", line + 2);
+  }
+  return std::nullopt;
+}
+
+std::optional<FramingError> check_request_framing(const http::request_header<>& header) {
+  std::string te;  // all Transfer-Encoding fields, as one list
+  bool has_te = false;
+  for (auto it = header.find(http::field::transfer_encoding);
+       it != header.end() && it->name() == http::field::transfer_encoding; ++it) {
+    if (has_te) te += ",";
+    te += std::string(it->value());
+    has_te = true;
+  }
+  if (!has_te) return std::nullopt;
+  const auto bad = [&](const std::string& why) {
+    return FramingError{http::status::bad_request, "malformed HTTP request: Transfer-Encoding \"" +
+                                                       te.substr(0, 100) + "\": " + why};
+  };
+  if (header.count(http::field::content_length) > 0)
+    return bad("not allowed together with Content-Length");
+  if (header.version() < 11) return bad("not allowed in an HTTP/1.0 request");
+  std::vector<std::string_view> codings;
+  std::string_view rest(te);
+  for (;;) {
+    const size_t comma = rest.find(',');
+    const std::string_view coding = trim_ows(rest.substr(0, comma));
+    if (coding.empty()) return bad("an empty transfer coding");
+    for (char c : coding)
+      if (!is_token_char(c)) return bad("not a list of transfer codings");
+    codings.push_back(coding);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  size_t chunked = 0;
+  for (auto c : codings) chunked += is_chunked(c) ? 1 : 0;
+  // RFC 9112 6.3: without chunked as the final coding the body length cannot be known.
+  if (!is_chunked(codings.back())) return bad("\"chunked\" must be the final transfer coding");
+  if (chunked > 1) return bad("\"chunked\" may be applied only once");
+  if (codings.size() > 1)
+    return FramingError{http::status::not_implemented,
+                        "Transfer-Encoding \"" + te.substr(0, 100) +
+                            "\": this server implements only \"chunked\" request bodies"};
+  return std::nullopt;
+}
 
 HttpResponse make_json_response(http::status status, std::string body) {
   HttpResponse res{status, 11};
@@ -59,10 +134,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
   HttpSession(tcp::socket socket, HttpServer& server)
       : socket_(std::move(socket)), deadline_(socket_.get_executor()), server_(server),
-        config_(server.config_) {
-    server_.sessions_.insert(this);
+        config_(server.config_), sessions_(server.sessions_) {
+    sessions_->insert(this);
   }
-  ~HttpSession() { server_.sessions_.erase(this); }
+  ~HttpSession() { sessions_->erase(this); }
 
   void start() { wait_for_request(); }
 
@@ -89,6 +164,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     res.version(11);
     res.keep_alive(keep_alive_ && !draining_);
     response_done_ = true;
+    if (head_request_) {
+      // HEAD: the headers a GET would get (Content-Length included), no body.
+      res.prepare_payload();
+      std::ostringstream os;
+      os << res.base();
+      return queue_write(os.str());
+    }
     queue_write(serialize(res));
   }
   void start_stream(http::status status, const std::string& content_type) {
@@ -123,6 +205,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   // Each arming gets a number, so a wait that completed just before being re-armed (its
   // handler already queued) cannot close the connection under the new deadline.
   void arm_deadline(double secs) {
+    // A closed session arms nothing: a wait armed now would outlive the final poll at exit.
+    if (closed_) return;
     const uint64_t armed = ++deadline_serial_;
     deadline_.expires_after(seconds(secs));
     deadline_.async_wait([self = shared_from_this(), armed](error_code ec) {
@@ -183,6 +267,32 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     parser_->header_limit(static_cast<uint32_t>(config_.max_header_bytes));
     parser_->body_limit(static_cast<uint64_t>(config_.max_body_bytes));
     arm_deadline(config_.header_timeout);
+    buffer_header();
+  }
+
+  // Beast joins obs-fold continuation lines into the previous field's value, where a proxy
+  // in front may read them another way, so the raw header lines are checked first. Beast
+  // parses a header only once all of it is buffered anyway; this reads up to the blank line
+  // (or past the header limit, which Beast then answers with 431) before handing over.
+  void buffer_header() {
+    const std::string_view data(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+    const size_t end = data.find("\r\n\r\n");
+    if (end == std::string_view::npos && data.size() <= static_cast<size_t>(config_.max_header_bytes)) {
+      socket_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](error_code ec, size_t n) {
+        if (self->closed_) return;
+        if (ec) return self->parse_header();  // Beast reports the partial request or closes
+        self->buffer_.commit(n);
+        self->buffer_header();
+      });
+      return;
+    }
+    if (end != std::string_view::npos) {
+      if (auto problem = check_header_lines(data.substr(0, end + 2))) return reject(*problem, {});
+    }
+    parse_header();
+  }
+
+  void parse_header() {
     http::async_read_header(socket_, buffer_, *parser_, [self = shared_from_this()](error_code ec, size_t) {
       self->on_header(ec);
     });
@@ -191,6 +301,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void on_header(error_code ec) {
     if (closed_) return;
     if (ec) return reject_and_close(ec);
+    if (auto problem = check_request_framing(parser_->get().base()))
+      return reject(*problem, std::string(parser_->get().target()));
     phase_ = Phase::kBody;
     auto& req = parser_->get();
     // curl and others wait for this before sending a larger body.
@@ -225,6 +337,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     HttpRequest req = parser_->release();
     parser_.reset();
     keep_alive_ = req.keep_alive();
+    head_request_ = req.method() == http::verb::head;
     // Watch for the client going away while the answer is computed (only when no pipelined
     // request is buffered: then the watch would read into the middle of it).
     if (buffer_.size() == 0) post_read_some();
@@ -255,14 +368,22 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (!res) return close();
     std::string target;
     if (parser_ && parser_->is_header_done()) target = std::string(parser_->get().target());
-    server_.handler_.on_protocol_error(target, static_cast<int>(res->result_int()));
+    answer_and_close(std::move(*res), target);
+  }
+
+  void reject(const FramingError& problem, const std::string& target) {
+    answer_and_close(make_error_response(problem.status, problem.message, "invalid_request_error"), target);
+  }
+
+  void answer_and_close(HttpResponse res, const std::string& target) {
+    server_.handler_.on_protocol_error(target, static_cast<int>(res.result_int()));
     disarm_deadline();
     phase_ = Phase::kHandling;
     ++request_serial_;
     keep_alive_ = false;
     response_done_ = true;
-    res->keep_alive(false);
-    queue_write(serialize(*res));
+    res.keep_alive(false);
+    queue_write(serialize(res));
   }
 
   void queue_write(std::string data) {
@@ -281,6 +402,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   void on_written(error_code ec) {
     writing_ = false;
+    // A write that completed just before close(): nothing more to send or wait for.
+    if (closed_) return;
     if (ec) return close();
     outbox_.pop_front();
     if (!outbox_.empty()) return write_next();
@@ -321,6 +444,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   net::steady_timer deadline_;
   HttpServer& server_;
   const ServerConfig& config_;
+  std::shared_ptr<std::set<HttpSession*>> sessions_;
   boost::beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> outbox_;
@@ -333,6 +457,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   bool streaming_ = false;
   bool response_done_ = false;
   bool keep_alive_ = true;
+  bool head_request_ = false;
   bool draining_ = false;
   bool closed_ = false;
 };
@@ -415,14 +540,14 @@ void HttpServer::stop_accepting() {
   stopping_ = true;
   error_code ec;
   acceptor_.close(ec);
-  for (HttpSession* s : std::set<HttpSession*>(sessions_)) s->drain();
+  for (HttpSession* s : std::set<HttpSession*>(*sessions_)) s->drain();
 }
 
 void HttpServer::close_all() {
   stopping_ = true;
   error_code ec;
   acceptor_.close(ec);
-  for (HttpSession* s : std::set<HttpSession*>(sessions_)) s->close();
+  for (HttpSession* s : std::set<HttpSession*>(*sessions_)) s->close();
 }
 
 }  // namespace tessera::server

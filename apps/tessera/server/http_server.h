@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -71,7 +72,7 @@ class HttpServer {
   void stop_accepting();
   // Second half: closes every connection now.
   void close_all();
-  size_t num_connections() const { return sessions_.size(); }
+  size_t num_connections() const { return sessions_->size(); }
 
  private:
   friend class HttpSession;
@@ -83,8 +84,26 @@ class HttpServer {
   boost::asio::ip::tcp::acceptor acceptor_;
   uint16_t bound_port_ = 0;
   bool stopping_ = false;
-  std::set<HttpSession*> sessions_;  // live sessions (each removes itself when destroyed)
+  // Live sessions; each removes itself when destroyed. Shared with them, because a session
+  // may be destroyed after the server: a handler holding it that never ran is destroyed with
+  // the io_context.
+  std::shared_ptr<std::set<HttpSession*>> sessions_ = std::make_shared<std::set<HttpSession*>>();
 };
+
+// Request framing that could be read two ways (by this server and by a proxy in front of it),
+// i.e. a request-smuggling risk, is refused rather than interpreted.
+struct FramingError {
+  http::status status;  // 400, or 501 for a transfer coding this server does not implement
+  std::string message;
+};
+// `header` is a request's raw header block (request line and fields, up to the blank line):
+// a field line starting with a space or tab (obs-fold, a continuation of the previous line)
+// is an error.
+std::optional<FramingError> check_header_lines(std::string_view header);
+// The parsed fields: Transfer-Encoding must be exactly "chunked" (one coding, applied once,
+// HTTP/1.1 only) and never comes with Content-Length. (Beast itself refuses differing
+// repeated Content-Length values and Transfer-Encoding after Content-Length.)
+std::optional<FramingError> check_request_framing(const http::request_header<>& header);
 
 // An OpenAI-style error body: {"error": {"message", "type", "param", "code"}}.
 HttpResponse make_error_response(http::status status, const std::string& message, const std::string& type,

@@ -114,8 +114,9 @@ std::string ServerMetrics::render(const EngineStats& e) const {
   sample(&out, "tessera_engine_batch_tokens_total", static_cast<double>(e.num_batch_tokens));
   header(&out, "tessera_engine_batch_size", "gauge", "Sequences in the last engine step.");
   sample(&out, "tessera_engine_batch_size", e.last_batch_size);
-  header(&out, "tessera_engine_batch_tokens", "gauge", "Tokens in the last engine step.");
-  sample(&out, "tessera_engine_batch_tokens", e.last_batch_tokens);
+  // Not "tessera_engine_batch_tokens": with the counter above it would parse as one family.
+  header(&out, "tessera_engine_last_batch_tokens", "gauge", "Tokens in the last engine step.");
+  sample(&out, "tessera_engine_last_batch_tokens", e.last_batch_tokens);
   header(&out, "tessera_engine_mean_batch_tokens", "gauge", "Tokens per step, averaged over all steps.");
   sample(&out, "tessera_engine_mean_batch_tokens",
          e.num_steps ? static_cast<double>(e.num_batch_tokens) / static_cast<double>(e.num_steps) : 0.0);

@@ -1,5 +1,7 @@
 #include "openai_protocol.h"
 
+#include "json_body.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,17 +16,7 @@ constexpr int kMaxLogprobs = 20;
 constexpr int kMaxStopStrings = 16;
 constexpr int kMaxN = 128;
 
-std::string describe(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a number (" + v.dump() + ")";
-    default: return "an integer (" + v.dump() + ")";
-  }
-}
+std::string describe(const json& v) { return describe_json(v); }
 
 // Field readers: absent or null means "not given" (OpenAI clients send explicit nulls).
 // Each returns false after filling *error when the value is present but wrong.
@@ -122,38 +114,57 @@ bool parse_stop(Reader& r, std::vector<std::string>* stops) {
   return true;
 }
 
-bool parse_token_list(Reader& r, const json& list, std::vector<int32_t>* ids) {
+// `param` names the list for errors: "prompt" or "prompt[3]".
+bool parse_token_list(Reader& r, const std::string& param, const json& list, std::vector<int32_t>* ids) {
   for (size_t i = 0; i < list.size(); ++i) {
     const json& t = list[i];
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      return r.fail("prompt", "token list item " + std::to_string(i) + " is not a token id: " + t.dump());
+      return r.fail(param, "token list item " + std::to_string(i) + " is not a token id: " + describe(t));
     ids->push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
-  if (ids->empty()) return r.fail("prompt", "must not be empty");
+  if (ids->empty()) return r.fail(param, "must not be empty");
   return true;
 }
 
+// A string, a list of token ids, a list of strings, or a list of token-id lists (OpenAI's
+// four forms); the last two are a batch of prompts.
 bool parse_prompt(Reader& r, GenerationSpec* spec) {
   const json* v = r.find("prompt");
   if (!v) return r.fail("prompt", "required");
+  const char* expected = "expected a string, a list of token ids, a list of strings or a list of token-id lists";
   if (v->is_string()) {
-    spec->prompt_text = v->get<std::string>();
+    if (v->get_ref<const std::string&>().empty()) return r.fail("prompt", "must not be empty");
+    spec->prompts.push_back({v->get<std::string>(), {}});
     return true;
   }
-  if (v->is_array() && !v->empty()) {
-    const json& first = (*v)[0];
-    if (first.is_number()) return parse_token_list(r, *v, &spec->prompt_ids);
-    // A batch of prompts would need choices across prompts; one is accepted.
-    if (v->size() != 1)
-      return r.fail("prompt", "a list of " + std::to_string(v->size()) +
-                                  " prompts is not supported; send one prompt per request");
-    if (first.is_string()) {
-      spec->prompt_text = first.get<std::string>();
-      return true;
-    }
-    if (first.is_array()) return parse_token_list(r, first, &spec->prompt_ids);
+  if (!v->is_array()) return r.fail("prompt", std::string(expected) + ", got " + describe(*v));
+  if (v->empty()) return r.fail("prompt", "must not be empty");
+  const json& first = (*v)[0];
+  if (first.is_number()) {
+    spec->prompts.emplace_back();
+    return parse_token_list(r, "prompt", *v, &spec->prompts.back().ids);
   }
-  return r.fail("prompt", "expected a string, a list of token ids, or a list of one string, got " + describe(*v));
+  if (!first.is_string() && !first.is_array())
+    return r.fail("prompt", std::string(expected) + "; item 0 is " + describe(first));
+  if (v->size() > static_cast<size_t>(kMaxPromptsPerRequest))
+    return r.fail("prompt", "at most " + std::to_string(kMaxPromptsPerRequest) + " prompts per request, got " +
+                                std::to_string(v->size()));
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& item = (*v)[i];
+    const std::string param = "prompt[" + std::to_string(i) + "]";
+    if (first.is_string()) {
+      if (!item.is_string())
+        return r.fail(param, "expected a string (as item 0 is), got " + describe(item));
+      if (item.get_ref<const std::string&>().empty()) return r.fail(param, "must not be empty");
+      spec->prompts.push_back({item.get<std::string>(), {}});
+    } else {
+      if (!item.is_array())
+        return r.fail(param, "expected a list of token ids (as item 0 is), got " + describe(item));
+      spec->prompts.emplace_back();
+      if (!parse_token_list(r, param, item, &spec->prompts.back().ids)) return false;
+    }
+  }
+  return true;
 }
 
 bool parse_content(Reader& r, const json& content, size_t index, std::string* out) {
@@ -169,7 +180,7 @@ bool parse_content(Reader& r, const json& content, size_t index, std::string* ou
       if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
         return r.fail(part_param, "expected an object with a \"type\"");
       if (part["type"] != "text")
-        return r.fail(part_param + ".type", "only \"text\" content parts are supported, got " + part["type"].dump());
+        return r.fail(part_param + ".type", "only \"text\" content parts are supported");
       if (!part.contains("text") || !part["text"].is_string())
         return r.fail(part_param + ".text", "expected a string");
       *out += part["text"].get<std::string>();
@@ -294,6 +305,7 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
   if (!r.string("user", &user)) return std::nullopt;  // accepted for compatibility, not used
 
   if (kind == ApiKind::kCompletion) {
+    if (!r.boolean("parse_special", &spec.parse_special)) return std::nullopt;
     // Completions: `logprobs: N` asks for the chosen token's logprob and N alternatives.
     if (!r.integer("logprobs", 0, kMaxLogprobs, &i, &(given = false))) return std::nullopt;
     if (given) {
@@ -312,6 +324,14 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
   spec.params.num_logprobs = spec.top_logprobs;
   if (!reject_unsupported(r, kind, spec.n)) return std::nullopt;
   return spec;
+}
+
+bool parse_chat_messages(const json& body, std::vector<ChatMessage>* messages, ApiError* error) {
+  Reader r(body, error);
+  GenerationSpec spec;
+  if (!parse_messages(r, &spec)) return false;
+  *messages = std::move(spec.messages);
+  return true;
 }
 
 StopStringFilter::StopStringFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {

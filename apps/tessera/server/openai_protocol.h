@@ -29,13 +29,25 @@ struct ApiError {
   std::string param;
 };
 
+// One completions prompt: text, or token ids as given.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> ids;
+};
+
+// A batch of prompts in one completions request is limited to this many.
+inline constexpr int kMaxPromptsPerRequest = 256;
+
 struct GenerationSpec {
   ApiKind kind = ApiKind::kCompletion;
   std::string model;
-  // Exactly one of these: completion text, completion token ids, chat messages.
-  std::optional<std::string> prompt_text;
-  std::vector<int32_t> prompt_ids;
+  // Completions: one or more prompts (choice index = prompt index * n + sample index, as at
+  // OpenAI). Chat: the messages.
+  std::vector<PromptInput> prompts;
   std::vector<ChatMessage> messages;
+  // Completions: special-token text in the prompt ("<|im_start|>") becomes that token, as
+  // llama.cpp's and vLLM's tokenizers do; false treats it as plain text.
+  bool parse_special = true;
   SamplingParams params;
   bool max_tokens_given = false;  // otherwise the caller picks a default
   int32_t n = 1;
@@ -49,6 +61,9 @@ struct GenerationSpec {
 // Parses a JSON body already known to be an object. Returns std::nullopt and fills *error on
 // the first problem found.
 std::optional<GenerationSpec> parse_generation_request(const nlohmann::json& body, ApiKind kind, ApiError* error);
+
+// The `messages` field of a chat body (also /tokenize's chat form).
+bool parse_chat_messages(const nlohmann::json& body, std::vector<ChatMessage>* messages, ApiError* error);
 
 // Holds back decoded text that could be the beginning of a stop string, and cuts the output
 // at the first stop string (which is never released). Text is matched on the decoded string,

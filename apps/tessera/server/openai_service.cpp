@@ -1,13 +1,16 @@
 #include "openai_service.h"
 
 #include <boost/asio/post.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 
 #include "dashboard.h"
+#include "json_body.h"
 #include "openai_protocol.h"
 #include "stats.h"
 #include "tessera/chat_template.h"
@@ -74,6 +77,41 @@ std::string param_of(const std::string& message) {
   return head.find(' ') == std::string::npos ? head : std::string();
 }
 
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// A request path for the access log: no query string (it may carry secrets), at most 128
+// bytes, anything but visible ASCII (and '"', '\\', '%') percent-encoded so a line cannot be
+// forged or split.
+std::string loggable_path(std::string_view target) {
+  std::string_view path = target.substr(0, target.find('?'));
+  std::string out;
+  for (unsigned char c : path.substr(0, 128)) {
+    if (c > 0x20 && c < 0x7f && c != '"' && c != '\\' && c != '%') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    }
+  }
+  if (path.size() > 128) out += "...";
+  return out.empty() ? "-" : out;
+}
+
+std::shared_ptr<spdlog::logger> access_logger() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto l = spdlog::get("access");
+    if (!l) l = spdlog::stderr_color_mt("access");
+    // Its own level: the access log is not silenced by --log-level warn.
+    l->set_level(spdlog::level::info);
+    l->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [access] %v");
+    return l;
+  }();
+  return logger;
+}
+
 }  // namespace
 
 // One generation request from arrival to its last byte. Touched only on the io thread.
@@ -96,7 +134,9 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   };
   // An engine event, copied off the engine thread.
   struct Event {
-    int32_t choice = 0;
+    int32_t prompt = 0;  // which prompt of a batch
+    int32_t choice = 0;  // which of its n samples
+    int32_t cached_prompt_tokens = 0;
     std::vector<SampledToken> tokens;
     bool finished = false;
     FinishReason reason = FinishReason::kNone;
@@ -111,12 +151,19 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   std::string endpoint;
   std::string id;
   int64_t created = 0;
-  uint64_t request_id = 0;
-  int32_t prompt_tokens = 0;
+  // Per prompt of the batch (one for chat): its engine request, its samples the engine has
+  // not finished, its length and prefix-cache hits. Choice i belongs to prompt i / n.
+  std::vector<uint64_t> request_ids;
+  std::vector<int32_t> open_per_prompt;
+  std::vector<int32_t> prompt_tokens_each;
+  std::vector<int32_t> cached_each;
   std::vector<Choice> choices;
-  int32_t engine_open = 0;    // samples the engine has not finished
-  bool cancel_sent = false;
+  int32_t engine_open = 0;    // samples the engine has not finished, all prompts
+  std::vector<char> cancel_sent;  // per prompt: Engine::cancel was called for it
   bool responded = false;     // the answer is complete, or the client is gone
+  AccessRecord access;
+  double ttft_ms = -1;        // arrival to the first token on the io thread
+  bool logged = false;
 
   const Tokenizer& tokenizer() const { return service->engine_.model().tokenizer(); }
   bool chat() const { return spec.kind == ApiKind::kChat; }
@@ -130,8 +177,18 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     return n;
   }
 
+  int64_t prompt_tokens() const {
+    int64_t n = 0;
+    for (int32_t p : prompt_tokens_each) n += p;
+    return n;
+  }
+
   void on_event(Event ev) {
-    Choice& c = choices[static_cast<size_t>(ev.choice)];
+    const int32_t index = ev.prompt * spec.n + ev.choice;
+    Choice& c = choices[static_cast<size_t>(index)];
+    auto& cached = cached_each[static_cast<size_t>(ev.prompt)];
+    cached = std::max(cached, ev.cached_prompt_tokens);
+    if (ttft_ms < 0 && !ev.tokens.empty()) ttft_ms = ms_since(access.start);
     std::string released;
     if (!c.finished) {
       for (const SampledToken& t : ev.tokens) {
@@ -155,17 +212,21 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
         if (ev.reason == FinishReason::kError) c.error = ev.error;
       }
       c.text += released;
-      if (spec.stream && !responded) stream_delta(ev.choice, released);
+      if (spec.stream && !responded) stream_delta(index, released);
     }
     if (ev.finished) {
       c.engine_finished = true;
-      if (--engine_open == 0) {
+      --engine_open;
+      if (--open_per_prompt[static_cast<size_t>(ev.prompt)] == 0) {
         --service->in_flight_;
         service->metrics_.set_in_flight(service->in_flight_);
       }
       service->metrics_.observe_sequence(ev.timings, static_cast<int32_t>(kept_tokens(c)));
       service->metrics_.count_tokens(0, static_cast<int64_t>(ev.timings.token_times.size()));
     }
+    // Stop strings ended every sample of this prompt before the engine did: free its
+    // sequences now, even while other prompts of the batch go on.
+    if (prompt_done(ev.prompt)) cancel_prompt(static_cast<size_t>(ev.prompt));
     maybe_complete();
   }
 
@@ -175,13 +236,52 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     return true;
   }
 
+  // Frees the engine's sequences of every prompt still running.
+  void cancel_engine() {
+    for (size_t p = 0; p < request_ids.size(); ++p) cancel_prompt(p);
+  }
+  void cancel_prompt(size_t p) {
+    if (p >= request_ids.size() || open_per_prompt[p] <= 0 || cancel_sent[p]) return;
+    cancel_sent[p] = 1;
+    service->engine_.cancel(request_ids[p]);
+  }
+  bool prompt_done(int32_t p) const {
+    for (int32_t j = 0; j < spec.n; ++j)
+      if (!choices[static_cast<size_t>(p * spec.n + j)].finished) return false;
+    return true;
+  }
+
+  AccessFigures figures() const {
+    AccessFigures f;
+    f.id = id;
+    f.prompt_tokens = prompt_tokens();
+    f.completion_tokens = completion_tokens();
+    int64_t cached = 0;
+    for (int32_t c : cached_each) cached += c;
+    f.cached_tokens = cached;
+    f.ttft_ms = ttft_ms;
+    return f;
+  }
+
+  void log_done(int status) {
+    if (logged) return;
+    logged = true;
+    const AccessFigures f = figures();
+    service->log_access(access, status, &f);
+  }
+
+  // The whole answer (not a stream): counted in the metrics, logged, sent.
+  void send_response(HttpResponse res) {
+    const int status = static_cast<int>(res.result_int());
+    service->metrics_.count_request(endpoint, status);
+    log_done(status);
+    channel->respond(std::move(res));
+  }
+
   void maybe_complete() {
     if (!all_finished()) return;
     // Stop strings ended every sample before the engine did: free its sequences now.
-    if (engine_open > 0 && !cancel_sent) {
-      cancel_sent = true;
-      service->engine_.cancel(request_id);
-    }
+    cancel_engine();
     if (responded) return;
     responded = true;
     if (spec.stream) {
@@ -198,25 +298,46 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     service->metrics_.count_cancelled_by_client();
     // A stream was already counted with its 200.
     if (!spec.stream) service->metrics_.count_request(endpoint, kClientClosedRequest);
-    if (engine_open > 0 && !cancel_sent) {
-      cancel_sent = true;
-      service->engine_.cancel(request_id);
+    log_done(kClientClosedRequest);
+    cancel_engine();
+  }
+
+  void abort() { cancel_engine(); }
+
+  // A failure of the server's own code while answering (never expected): the request ends
+  // with a 500 (or an error event on a stream) and the engine work stops; the server goes on.
+  void fail_internal(const std::string& what) {
+    spdlog::error("serve: request {} failed: {}", id, what);
+    abort();
+    if (responded) return;
+    responded = true;
+    if (spec.stream) {
+      send_event({{"error", {{"message", "internal error: " + what}, {"type", "server_error"},
+                             {"param", nullptr}, {"code", nullptr}}}});
+      channel->send_chunk("data: [DONE]\n\n");
+      channel->end_stream();
+      log_done(200);
+    } else {
+      send_response(make_error_response(http::status::internal_server_error, "internal error: " + what,
+                                        "server_error"));
     }
   }
 
-  void abort() {
-    if (engine_open > 0 && !cancel_sent) {
-      cancel_sent = true;
-      service->engine_.cancel(request_id);
-    }
+  int64_t completion_tokens() const {
+    int64_t completion = 0;
+    for (const auto& c : choices) completion += static_cast<int64_t>(kept_tokens(c));
+    return completion;
   }
 
   json usage() const {
-    int64_t completion = 0;
-    for (const auto& c : choices) completion += static_cast<int64_t>(kept_tokens(c));
-    return {{"prompt_tokens", prompt_tokens},
+    const int64_t prompt = prompt_tokens(), completion = completion_tokens();
+    int64_t cached = 0;
+    for (int32_t c : cached_each) cached += c;
+    return {{"prompt_tokens", prompt},
             {"completion_tokens", completion},
-            {"total_tokens", prompt_tokens + completion}};
+            {"total_tokens", prompt + completion},
+            // Prompt tokens whose KV came from the prefix cache (OpenAI's field).
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
   json token_text(TokenId id) const { return tokenizer().token_to_piece(id, false); }
@@ -262,8 +383,8 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   void respond_whole() {
     for (const auto& c : choices) {
       if (!c.error.empty()) {
-        service->reply_error(channel, endpoint, http::status::internal_server_error,
-                             "generation failed: " + c.error, "server_error");
+        send_response(make_error_response(http::status::internal_server_error, "generation failed: " + c.error,
+                                          "server_error"));
         return;
       }
     }
@@ -287,7 +408,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
                  {"choices", out_choices},
                  {"usage", usage()},
                  {"system_fingerprint", nullptr}};
-    service->reply(channel, endpoint, make_json_response(http::status::ok, dump(body)));
+    send_response(make_json_response(http::status::ok, dump(body)));
   }
 
   json chunk_base() const {
@@ -352,6 +473,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     }
     channel->send_chunk("data: [DONE]\n\n");
     channel->end_stream();
+    log_done(200);
   }
 };
 
@@ -386,9 +508,28 @@ bool OpenAiService::authorized(const HttpRequest& req) const {
   return ok;
 }
 
+void OpenAiService::log_access(const AccessRecord& r, int status, const AccessFigures* f) const {
+  if (!access_log_) return;
+  const double duration = ms_since(r.start);
+  if (!f) {
+    access_logger()->info("method={} path={} status={} duration_ms={:.1f}", r.method, r.path, status, duration);
+    return;
+  }
+  access_logger()->info(
+      "method={} path={} status={} duration_ms={:.1f} id={} prompt_tokens={} completion_tokens={} "
+      "cached_tokens={} ttft_ms={:.1f}",
+      r.method, r.path, status, duration, f->id, f->prompt_tokens, f->completion_tokens, f->cached_tokens,
+      f->ttft_ms);
+}
+
 void OpenAiService::reply(const std::shared_ptr<ResponseChannel>& channel, const std::string& endpoint,
                           HttpResponse res) {
-  metrics_.count_request(endpoint, static_cast<int>(res.result_int()));
+  const int status = static_cast<int>(res.result_int());
+  metrics_.count_request(endpoint, status);
+  if (current_) {
+    log_access(*current_, status);
+    current_.reset();
+  }
   channel->respond(std::move(res));
 }
 
@@ -409,8 +550,9 @@ json OpenAiService::model_card() const {
 std::string OpenAiService::endpoint_label(std::string_view target) {
   std::string_view path = target.substr(0, target.find('?'));
   // Metric labels only for known routes: arbitrary paths must not grow the label set.
-  static const char* kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-                                  "/v1/stats", "/dashboard"};
+  static const char* kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                                  "/metrics",        "/tokenize",            "/detokenize", "/v1/stats",
+                                  "/dashboard"};
   for (const char* r : kRoutes)
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
@@ -418,12 +560,29 @@ std::string OpenAiService::endpoint_label(std::string_view target) {
 }
 
 void OpenAiService::handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) {
-  const std::string endpoint = endpoint_label(std::string_view(request.target().data(), request.target().size()));
-  route(request, channel, endpoint);
+  const std::string_view target(request.target().data(), request.target().size());
+  const std::string endpoint = endpoint_label(target);
+  current_ = AccessRecord{std::string(request.method_string()), loggable_path(target),
+                          std::chrono::steady_clock::now()};
+  // Nothing a request does may end the server: whatever escapes the handlers is answered here
+  // (a no-op when the request was answered already) and the server goes on.
+  try {
+    route(request, channel, endpoint);
+  } catch (const json::exception& e) {
+    // Reading a field the validation let through the wrong way is still the body's fault.
+    reply_error(channel, endpoint, http::status::bad_request,
+                std::string("the request body could not be read: ") + e.what(), "invalid_request_error");
+  } catch (const std::exception& e) {
+    spdlog::error("serve: {} {}: {}", std::string(request.method_string()), endpoint, e.what());
+    reply_error(channel, endpoint, http::status::internal_server_error,
+                std::string("internal error: ") + e.what(), "server_error");
+  }
+  current_.reset();
 }
 
 void OpenAiService::on_protocol_error(std::string_view target, int status) {
   metrics_.count_request(endpoint_label(target), status);
+  log_access(AccessRecord{"-", loggable_path(target), std::chrono::steady_clock::now()}, status);
 }
 
 void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<ResponseChannel>& channel,
@@ -475,14 +634,15 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
     return reply(channel, endpoint,
                  stats_->respond(std::string_view(req.target().data(), req.target().size())));
   }
-  const bool is_api = path.rfind("/v1/", 0) == 0;
+  const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
   const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/models" ||
-                     path.rfind("/v1/models/", 0) == 0;
+                     path.rfind("/v1/models/", 0) == 0 || tokenizer_route;
   if (!known) {
     return reply_error(channel, endpoint, http::status::not_found, "no route for " + path,
                        "invalid_request_error", "", "unknown_url");
   }
-  if (is_api && !authorized(req)) {
+  // Every route but /health and /metrics needs a key when keys are configured.
+  if (!authorized(req)) {
     // The presented key is never logged or echoed.
     auto res = make_error_response(http::status::unauthorized,
                                    "missing or invalid API key: send 'Authorization: Bearer <key>'",
@@ -504,7 +664,141 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
     return reply(channel, endpoint, make_json_response(http::status::ok, dump(model_card())));
   }
   if (!post) return wrong_method("POST");
+  if (path == "/tokenize") return handle_tokenize(req, channel, endpoint);
+  if (path == "/detokenize") return handle_detokenize(req, channel, endpoint);
   handle_generation(req, channel, endpoint, path == "/v1/chat/completions");
+}
+
+std::optional<json> OpenAiService::read_json_object(const HttpRequest& req,
+                                                    const std::shared_ptr<ResponseChannel>& channel,
+                                                    const std::string& endpoint) {
+  JsonBodyError json_error;
+  std::optional<json> body = parse_json_body(req.body(), &json_error);
+  if (!body) {
+    reply_error(channel, endpoint, http::status::bad_request, json_error.message, "invalid_request_error",
+                json_error.param);
+    return std::nullopt;
+  }
+  if (!body->is_object()) {
+    reply_error(channel, endpoint, http::status::bad_request, "the request body must be a JSON object",
+                "invalid_request_error");
+    return std::nullopt;
+  }
+  return body;
+}
+
+// The tokenizer routes take "model" as vLLM does: optional, but when given it must be ours.
+bool OpenAiService::optional_model_matches(const json& body, const std::shared_ptr<ResponseChannel>& channel,
+                                           const std::string& endpoint) {
+  auto m = body.find("model");
+  if (m == body.end() || m->is_null()) return true;
+  if (!m->is_string()) {
+    reply_error(channel, endpoint, http::status::bad_request, "model: expected a string, got " + describe_json(*m),
+                "invalid_request_error", "model");
+    return false;
+  }
+  if (m->get<std::string>() == model_id_) return true;
+  reply_error(channel, endpoint, http::status::not_found,
+              "the model '" + m->get<std::string>() + "' does not exist; this server serves '" + model_id_ + "'",
+              "invalid_request_error", "model", "model_not_found");
+  return false;
+}
+
+// vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} or the chat form
+// {"messages": [...], "add_generation_prompt": true}; answers {"count", "max_model_len",
+// "tokens", "token_strs"}. Tokens are what /v1/completions (or /v1/chat/completions) would
+// feed the model for the same input.
+void OpenAiService::handle_tokenize(const HttpRequest& req, const std::shared_ptr<ResponseChannel>& channel,
+                                    const std::string& endpoint) {
+  const auto bad_request = [&](const std::string& message, const std::string& param) {
+    reply_error(channel, endpoint, http::status::bad_request, message, "invalid_request_error", param);
+  };
+  auto body = read_json_object(req, channel, endpoint);
+  if (!body) return;
+  const auto flag = [&](const char* key, bool fallback, bool* out) {
+    auto it = body->find(key);
+    if (it == body->end() || it->is_null()) {
+      *out = fallback;
+      return true;
+    }
+    if (!it->is_boolean()) {
+      bad_request(std::string(key) + ": expected a boolean, got " + describe_json(*it), key);
+      return false;
+    }
+    *out = it->get<bool>();
+    return true;
+  };
+  if (!optional_model_matches(*body, channel, endpoint)) return;
+  const Model& model = engine_.model();
+  const Tokenizer& tok = model.tokenizer();
+  bool return_strs = false, add_special = true, parse_special = true;
+  if (!flag("return_token_strs", false, &return_strs)) return;
+  std::vector<TokenId> ids;
+  const bool chat = body->contains("messages") && !(*body)["messages"].is_null();
+  if (chat) {
+    if (body->contains("prompt") && !(*body)["prompt"].is_null())
+      return bad_request("prompt: give either prompt or messages, not both", "prompt");
+    ApiError error;
+    std::vector<ChatMessage> messages;
+    if (!parse_chat_messages(*body, &messages, &error)) return bad_request(error.message, error.param);
+    bool add_generation_prompt = true;
+    if (!flag("add_generation_prompt", true, &add_generation_prompt)) return;
+    // Defaults as /v1/chat/completions tokenizes, so count equals its usage.prompt_tokens.
+    if (!flag("add_special_tokens", true, &add_special)) return;
+    if (model.chat_template().empty())
+      return bad_request("this model has no chat template; tokenize a prompt instead", "messages");
+    std::string text;
+    try {
+      text = apply_chat_template(model.chat_template(), messages, add_generation_prompt);
+    } catch (const std::exception& e) {
+      return reply_error(channel, endpoint, http::status::internal_server_error,
+                         std::string("cannot apply the model's chat template: ") + e.what(), "server_error");
+    }
+    ids = tok.encode(text, add_special, /*parse_special=*/true);
+  } else {
+    auto p = body->find("prompt");
+    if (p == body->end() || p->is_null()) return bad_request("prompt: required (or messages)", "prompt");
+    if (!p->is_string()) return bad_request("prompt: expected a string, got " + describe_json(*p), "prompt");
+    if (!flag("add_special_tokens", true, &add_special)) return;
+    if (!flag("parse_special", true, &parse_special)) return;
+    ids = tok.encode(p->get_ref<const std::string&>(), add_special, parse_special);
+  }
+  json out = {{"count", ids.size()}, {"max_model_len", engine_.max_context()}, {"tokens", ids},
+              {"token_strs", nullptr}};
+  if (return_strs) {
+    json strs = json::array();
+    for (TokenId id : ids) strs.push_back(tok.token_to_piece(id, /*render_special=*/true));
+    out["token_strs"] = std::move(strs);
+  }
+  reply(channel, endpoint, make_json_response(http::status::ok, dump(out)));
+}
+
+// vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": text}, special tokens rendered.
+void OpenAiService::handle_detokenize(const HttpRequest& req, const std::shared_ptr<ResponseChannel>& channel,
+                                      const std::string& endpoint) {
+  const auto bad_request = [&](const std::string& message, const std::string& param) {
+    reply_error(channel, endpoint, http::status::bad_request, message, "invalid_request_error", param);
+  };
+  auto body = read_json_object(req, channel, endpoint);
+  if (!body) return;
+  if (!optional_model_matches(*body, channel, endpoint)) return;
+  const Tokenizer& tok = engine_.model().tokenizer();
+  auto t = body->find("tokens");
+  if (t == body->end() || t->is_null()) return bad_request("tokens: required", "tokens");
+  if (!t->is_array()) return bad_request("tokens: expected a list of token ids, got " + describe_json(*t), "tokens");
+  std::vector<int32_t> ids;
+  ids.reserve(t->size());
+  for (size_t i = 0; i < t->size(); ++i) {
+    const json& v = (*t)[i];
+    const std::string param = "tokens[" + std::to_string(i) + "]";
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok.vocab_size())
+      return bad_request(param + ": expected a token id in 0.." + std::to_string(tok.vocab_size() - 1) + ", got " +
+                             describe_json(v),
+                         param);
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  reply(channel, endpoint,
+        make_json_response(http::status::ok, dump({{"prompt", tok.decode(ids, /*render_special=*/true)}})));
 }
 
 void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_ptr<ResponseChannel>& channel,
@@ -512,15 +806,10 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   const auto bad_request = [&](const std::string& message, const std::string& param) {
     reply_error(channel, endpoint, http::status::bad_request, message, "invalid_request_error", param);
   };
-  json body;
-  try {
-    body = json::parse(req.body());
-  } catch (const json::parse_error& e) {
-    return bad_request(std::string("the request body is not valid JSON: ") + e.what(), "");
-  }
-  if (!body.is_object()) return bad_request("the request body must be a JSON object", "");
+  auto body = read_json_object(req, channel, endpoint);
+  if (!body) return;
   ApiError error;
-  auto spec = parse_generation_request(body, chat ? ApiKind::kChat : ApiKind::kCompletion, &error);
+  auto spec = parse_generation_request(*body, chat ? ApiKind::kChat : ApiKind::kCompletion, &error);
   if (!spec) return bad_request(error.message, error.param);
   if (spec->model != model_id_)
     return reply_error(channel, endpoint, http::status::not_found,
@@ -529,7 +818,14 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   if (draining_)
     return reply_error(channel, endpoint, http::status::service_unavailable, "the server is shutting down",
                        "server_error", "", "shutting_down");
-  if (in_flight_ >= config_.max_queued_requests) {
+  // Each prompt of a batch is one engine request and counts against the queue limit.
+  const int64_t num_prompts = chat ? 1 : static_cast<int64_t>(spec->prompts.size());
+  if (num_prompts > config_.max_queued_requests)
+    return bad_request("prompt: a batch of " + std::to_string(num_prompts) + " prompts exceeds the server's " +
+                           std::to_string(config_.max_queued_requests) +
+                           " queued requests (server.max_queued_requests); send smaller batches",
+                       "prompt");
+  if (in_flight_ + num_prompts > config_.max_queued_requests) {
     metrics_.count_rejected_full_queue();
     auto res = make_error_response(http::status::too_many_requests,
                                    "the server is at its limit of " + std::to_string(config_.max_queued_requests) +
@@ -541,7 +837,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
 
   const Model& model = engine_.model();
   const Tokenizer& tok = model.tokenizer();
-  std::vector<TokenId> prompt;
+  std::vector<std::vector<TokenId>> prompts;
   if (chat) {
     if (model.chat_template().empty())
       return bad_request("this model has no chat template; use /v1/completions", "messages");
@@ -553,18 +849,12 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
                          std::string("cannot apply the model's chat template: ") + e.what(), "server_error");
     }
     // Templates spell control tokens as text.
-    prompt = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
-  } else if (spec->prompt_text) {
-    if (spec->prompt_text->empty()) return bad_request("prompt: must not be empty", "prompt");
-    prompt = tok.encode(*spec->prompt_text, /*add_special=*/true, /*parse_special=*/false);
+    prompts.push_back(tok.encode(text, /*add_special=*/true, /*parse_special=*/true));
   } else {
-    prompt = spec->prompt_ids;
+    for (const PromptInput& p : spec->prompts)
+      prompts.push_back(p.text ? tok.encode(*p.text, /*add_special=*/true, spec->parse_special) : p.ids);
   }
-  const int32_t prompt_len = static_cast<int32_t>(prompt.size());
-  if (!spec->max_tokens_given) {
-    // OpenAI: 16 for completions; chat runs until the context is full.
-    spec->params.max_tokens = chat ? std::max(1, engine_.max_context() - prompt_len) : kCompletionDefaultMaxTokens;
-  }
+  const bool batch = prompts.size() > 1;
 
   auto call = std::make_shared<GenerationCall>();
   call->service = this;
@@ -573,42 +863,80 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   call->endpoint = endpoint;
   call->id = random_id(chat ? "chatcmpl-" : "cmpl-");
   call->created = unix_now();
-  call->prompt_tokens = prompt_len;
-  call->choices.resize(static_cast<size_t>(spec->n));
+  if (current_) call->access = *current_;
+  call->choices.resize(prompts.size() * static_cast<size_t>(spec->n));
   for (auto& c : call->choices) {
     c.detok = std::make_unique<StreamingDetokenizer>(tok);
     c.filter = std::make_unique<StopStringFilter>(spec->stop);
   }
   call->spec = std::move(*spec);
 
-  GenerationRequest greq;
-  greq.prompt = std::move(prompt);
-  greq.params = call->spec.params;
-  greq.n = call->spec.n;
   auto executor = channel->executor();
-  greq.on_event = [call, executor](const GenerationEvent& ev) {
-    // Engine thread: copy what the io thread needs and hand it over.
-    GenerationCall::Event e;
-    e.choice = ev.choice;
-    e.tokens = ev.tokens;
-    e.finished = ev.finished;
-    e.reason = ev.finish_reason;
-    if (!ev.error.is_ok()) e.error = ev.error.message();
-    if (ev.finished && ev.timings) e.timings = *ev.timings;
-    boost::asio::post(executor, [call, e = std::move(e)]() mutable { call->on_event(std::move(e)); });
-  };
-  uint64_t request_id = 0;
-  Status st = engine_.submit(std::move(greq), &request_id);
-  if (!st.is_ok()) {
-    return reply_error(channel, endpoint, status_for(st), st.message(),
-                       status_for(st) == http::status::bad_request ? "invalid_request_error" : "server_error",
-                       param_of(st.message()));
+  int64_t submitted_tokens = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const int32_t prompt_len = static_cast<int32_t>(prompts[p].size());
+    GenerationRequest greq;
+    greq.prompt = std::move(prompts[p]);
+    greq.params = call->spec.params;
+    if (!call->spec.max_tokens_given) {
+      // OpenAI: 16 for completions; chat runs until the context is full.
+      greq.params.max_tokens =
+          chat ? std::max(1, engine_.max_context() - prompt_len) : kCompletionDefaultMaxTokens;
+    }
+    greq.n = call->spec.n;
+    const int32_t prompt_index = static_cast<int32_t>(p);
+    greq.on_event = [call, executor, prompt_index](const GenerationEvent& ev) {
+      // Engine thread: copy what the io thread needs and hand it over.
+      GenerationCall::Event e;
+      e.prompt = prompt_index;
+      e.choice = ev.choice;
+      e.cached_prompt_tokens = ev.num_cached_prompt_tokens;
+      e.tokens = ev.tokens;
+      e.finished = ev.finished;
+      e.reason = ev.finish_reason;
+      if (!ev.error.is_ok()) e.error = ev.error.message();
+      if (ev.finished && ev.timings) e.timings = *ev.timings;
+      boost::asio::post(executor, [call, e = std::move(e)]() mutable {
+        try {
+          call->on_event(std::move(e));
+        } catch (const std::exception& ex) {
+          call->fail_internal(ex.what());
+        }
+      });
+    };
+    uint64_t request_id = 0;
+    Status st = engine_.submit(std::move(greq), &request_id);
+    if (!st.is_ok()) {
+      // The prompts already submitted are cancelled; their events find the call answered.
+      call->responded = true;
+      call->logged = true;
+      call->cancel_engine();
+      metrics_.set_in_flight(in_flight_);
+      std::string message = st.message(), param = param_of(message);
+      if (batch) {
+        const std::string where = "prompt[" + std::to_string(p) + "]";
+        if (param == "prompt") {
+          message = where + message.substr(std::string("prompt").size());
+          param = where;
+        } else {
+          message += " (" + where + ")";
+        }
+      }
+      return reply_error(channel, endpoint, status_for(st), message,
+                         status_for(st) == http::status::bad_request ? "invalid_request_error" : "server_error",
+                         param);
+    }
+    call->request_ids.push_back(request_id);
+    call->open_per_prompt.push_back(call->spec.n);
+    call->prompt_tokens_each.push_back(prompt_len);
+    call->cached_each.push_back(0);
+    call->cancel_sent.push_back(0);
+    call->engine_open += call->spec.n;
+    ++in_flight_;
+    submitted_tokens += prompt_len;
   }
-  call->request_id = request_id;
-  call->engine_open = call->spec.n;
-  ++in_flight_;
   metrics_.set_in_flight(in_flight_);
-  metrics_.count_tokens(prompt_len, 0);
+  metrics_.count_tokens(submitted_tokens, 0);
   calls_[call->serial] = call;
   // Forget finished calls so the registry stays small.
   for (auto it = calls_.begin(); it != calls_.end();) it = it->second.expired() ? calls_.erase(it) : std::next(it);
@@ -616,6 +944,8 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   channel->on_disconnect([weak] {
     if (auto c = weak.lock()) c->client_gone();
   });
+  // The call writes its own access line when it ends.
+  current_.reset();
   if (call->spec.stream) call->start_stream();
 }
 

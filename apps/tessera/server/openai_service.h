@@ -6,7 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +24,22 @@ namespace tessera::server {
 struct GenerationCall;
 class StatsRecorder;
 
+// What the access log line of a request needs from its arrival.
+struct AccessRecord {
+  std::string method;
+  std::string path;  // without the query string, unsafe bytes percent-encoded
+  std::chrono::steady_clock::time_point start;
+};
+
+// Per-generation figures for the access log line (-1: not known).
+struct AccessFigures {
+  std::string id;
+  int64_t prompt_tokens = -1;
+  int64_t completion_tokens = -1;
+  int64_t cached_tokens = -1;
+  double ttft_ms = -1;
+};
+
 class OpenAiService : public HttpHandler {
  public:
   // `api_keys` empty: no authentication. `model_id` is the name clients pass as "model".
@@ -31,6 +49,11 @@ class OpenAiService : public HttpHandler {
 
   void handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) override;
   void on_protocol_error(std::string_view target, int status) override;
+
+  // One structured line per request on the "access" logger (stderr): method, path, status,
+  // duration, and for generations the id, tokens in/out, cached tokens and TTFT. Never a
+  // prompt, an output or a key. On by default.
+  void set_access_log(bool on) { access_log_ = on; }
 
   // Shutdown: new generation requests get 503 from now on.
   void begin_shutdown() { draining_ = true; }
@@ -56,6 +79,17 @@ class OpenAiService : public HttpHandler {
                    const std::string& param = {}, const std::string& code = {});
   void handle_generation(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
                          const std::string& endpoint, bool chat);
+  void handle_tokenize(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
+                       const std::string& endpoint);
+  void handle_detokenize(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
+                         const std::string& endpoint);
+  // The body as a JSON object, or an error answered (and std::nullopt).
+  std::optional<nlohmann::json> read_json_object(const HttpRequest& request,
+                                                 const std::shared_ptr<ResponseChannel>& channel,
+                                                 const std::string& endpoint);
+  bool optional_model_matches(const nlohmann::json& body, const std::shared_ptr<ResponseChannel>& channel,
+                              const std::string& endpoint);
+  void log_access(const AccessRecord& record, int status, const AccessFigures* figures = nullptr) const;
   nlohmann::json model_card() const;
   static std::string endpoint_label(std::string_view target);
 
@@ -67,6 +101,10 @@ class OpenAiService : public HttpHandler {
   ServerMetrics metrics_;
   int64_t in_flight_ = 0;
   bool draining_ = false;
+  bool access_log_ = true;
+  // The request being handled synchronously now: a reply() made while it is set writes its
+  // access line (generations write theirs when they end).
+  std::optional<AccessRecord> current_;
   uint64_t next_call_ = 1;
   std::map<uint64_t, std::weak_ptr<GenerationCall>> calls_;
   const StatsRecorder* stats_ = nullptr;
