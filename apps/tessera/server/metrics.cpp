@@ -153,9 +153,11 @@ std::string ServerMetrics::render(const EngineStats& e) const {
   sample(&out, "tessera_spec_decode_num_draft_tokens_total", static_cast<double>(e.num_draft_tokens));
   header(&out, "tessera_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.");
   sample(&out, "tessera_spec_decode_num_accepted_tokens_total", static_cast<double>(e.num_accepted_draft_tokens));
+  // Position i can only count once position i-1 has, so the list stops at the first zero;
+  // position 0 is always there, so the family has a sample (0) before any draft.
   header(&out, "tessera_spec_decode_num_accepted_tokens_per_pos_total", "counter",
          "Verifications that accepted the draft at this position (0-based).");
-  for (size_t i = 0; i < e.num_accepted_tokens_per_pos.size() && e.num_accepted_tokens_per_pos[i] > 0; ++i)
+  for (size_t i = 0; i < e.num_accepted_tokens_per_pos.size() && (i == 0 || e.num_accepted_tokens_per_pos[i] > 0); ++i)
     sample(&out, "tessera_spec_decode_num_accepted_tokens_per_pos_total{position=\"" + std::to_string(i) + "\"}",
            static_cast<double>(e.num_accepted_tokens_per_pos[i]));
   header(&out, "tessera_spec_decode_mean_acceptance_length", "gauge",
