@@ -20,7 +20,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }();
   const std::string path = tessera::fuzz::write_input("input.yaml", data, size);
   try {
-    (void)tessera::load_stack_config(path, *registry);
+    const tessera::StackConfig config = tessera::load_stack_config(path, *registry);
+    // A config that validated has every engine slot but the optional drafter, and its
+    // bounded values inside their bounds.
+    for (auto kind : {tessera::PluginKind::kBackend, tessera::PluginKind::kScheduler,
+                      tessera::PluginKind::kKvCache, tessera::PluginKind::kAttention,
+                      tessera::PluginKind::kQuantizer, tessera::PluginKind::kSampler})
+      FUZZ_CHECK(config.engine.count(kind) == 1);
+    FUZZ_CHECK(config.model.threads >= 0 && config.model.threads <= 512);
+    FUZZ_CHECK(!config.model.path.empty());
   } catch (const tessera::ConfigError&) {
   }
   return 0;

@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto tokenizer = tessera::Tokenizer::from_gguf(*file);
     const auto ids = tokenizer->encode("Hello, world! 123 <|im_start|>", true, true);
     for (int32_t id : ids)
-      if (id < 0 || id >= tokenizer->vocab_size()) __builtin_trap();
+      FUZZ_CHECK(id >= 0 && id < tokenizer->vocab_size());
     (void)tokenizer->decode(ids, true);
   } catch (const std::runtime_error&) {
   }

@@ -12,15 +12,10 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "fuzz_support.h"
+
 #include "server/http_server.h"
 
-namespace {
-
-void check(bool ok) {
-  if (!ok) std::abort();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace http = boost::beast::http;
@@ -40,8 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (check_request_framing(header)) return 0;
   // Accepted framing: Beast's reading of it is the one the headers state.
   const bool has_te = header.count(http::field::transfer_encoding) > 0;
-  check(parser.chunked() == has_te);
-  if (has_te) check(header.count(http::field::content_length) == 0);
+  FUZZ_CHECK(parser.chunked() == has_te);
+  if (has_te) FUZZ_CHECK(header.count(http::field::content_length) == 0);
   // The rest of the body, as the server would read it.
   while (!ec && !parser.is_done() && used < bytes.size()) {
     const size_t n = parser.put(boost::asio::buffer(bytes.data() + used, bytes.size() - used), ec);

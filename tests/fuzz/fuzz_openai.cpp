@@ -9,16 +9,11 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "fuzz_support.h"
+
 #include "server/json_body.h"
 #include "server/openai_protocol.h"
 
-namespace {
-
-void check(bool ok) {
-  if (!ok) std::abort();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessera::server;
@@ -35,12 +30,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const json::exception&) {
       library_ok = false;
     }
-    check(library_ok == parsed.has_value());
-    if (parsed) check(reference == *parsed);
+    FUZZ_CHECK(library_ok == parsed.has_value());
+    if (parsed) FUZZ_CHECK(reference == *parsed);
   }
   if (!parsed) {
-    check(!error.message.empty());
-    check(error.message.size() < 1000);  // bounded, whatever the body
+    FUZZ_CHECK(!error.message.empty());
+    FUZZ_CHECK(error.message.size() < 1000);  // bounded, whatever the body
     return 0;
   }
   (void)describe_json(*parsed);
@@ -49,17 +44,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ApiError api_error;
     const auto spec = parse_generation_request(*parsed, kind, &api_error);
     if (!spec) {
-      check(!api_error.message.empty());
+      FUZZ_CHECK(!api_error.message.empty());
       // Messages start with the field they name.
-      if (!api_error.param.empty()) check(api_error.message.rfind(api_error.param, 0) == 0);
+      if (!api_error.param.empty()) FUZZ_CHECK(api_error.message.rfind(api_error.param, 0) == 0);
       continue;
     }
-    check(spec->n >= 1);
+    FUZZ_CHECK(spec->n >= 1);
     if (kind == ApiKind::kCompletion) {
-      check(!spec->prompts.empty() && spec->prompts.size() <= static_cast<size_t>(kMaxPromptsPerRequest));
-      for (const auto& p : spec->prompts) check(p.text ? !p.text->empty() : !p.ids.empty());
+      FUZZ_CHECK(!spec->prompts.empty() && spec->prompts.size() <= static_cast<size_t>(kMaxPromptsPerRequest));
+      for (const auto& p : spec->prompts) FUZZ_CHECK(p.text ? !p.text->empty() : !p.ids.empty());
     } else {
-      check(!spec->messages.empty());
+      FUZZ_CHECK(!spec->messages.empty());
     }
   }
   std::vector<tessera::ChatMessage> messages;

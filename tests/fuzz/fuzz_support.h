@@ -5,10 +5,21 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+// A property every input must keep. On failure it names the condition and aborts, which
+// libFuzzer reports as a crash (saving the input) and a replay run as a failed test.
+#define FUZZ_CHECK(cond)                                                                \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::fprintf(stderr, "FUZZ_CHECK failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
+      std::abort();                                                                     \
+    }                                                                                   \
+  } while (0)
 
 namespace tessera::fuzz {
 

@@ -96,12 +96,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data + 2), size - 2);
   const auto ids = tok.encode(text, add_special, parse_special);
   for (int32_t id : ids)
-    if (id < 0 || id >= tok.vocab_size()) __builtin_trap();
+    FUZZ_CHECK(id >= 0 && id < tok.vocab_size());
   (void)tok.decode(ids, render_special);
   tessera::StreamingDetokenizer stream(tok, render_special);
   std::string streamed;
   for (int32_t id : ids) streamed += stream.push(id);
   streamed += stream.flush();
-  if (!valid_utf8(streamed)) __builtin_trap();
+  FUZZ_CHECK(valid_utf8(streamed));
   return 0;
 }
