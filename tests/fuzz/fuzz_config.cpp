@@ -7,6 +7,7 @@
 #include "fuzz_support.h"
 #include "tessera/config.h"
 #include "tessera/plugin_registry.h"
+#include "tessera/thread_pool.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static tessera::PluginRegistry* registry = [] {
@@ -27,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                       tessera::PluginKind::kKvCache, tessera::PluginKind::kAttention,
                       tessera::PluginKind::kQuantizer, tessera::PluginKind::kSampler})
       FUZZ_CHECK(config.engine.count(kind) == 1);
-    FUZZ_CHECK(config.model.threads >= 0 && config.model.threads <= 512);
+    FUZZ_CHECK(config.model.threads >= 0 && config.model.threads <= tessera::kMaxThreadPoolThreads);
     FUZZ_CHECK(!config.model.path.empty());
   } catch (const tessera::ConfigError&) {
   }
