@@ -212,20 +212,40 @@ class Robustness(unittest.TestCase):
         self.assertEqual(SERVER.metric("tessera_requests_in_flight"), 0)
 
     def test_14_sigterm_finishes_in_flight_requests_and_exits_0(self):
-        result = {}
+        # A streamed request, so the signal is sent once the request is known to be decoding
+        # (polling a gauge can miss a short request on a fast machine).
+        result = {"tokens": 0, "usage": None, "finish": None}
+        decoding = threading.Event()
 
         def long_request():
-            result["r"] = post("/v1/completions", completion(max_tokens=24, ignore_eos=True))
+            body = completion(max_tokens=24, ignore_eos=True, stream=True,
+                              stream_options={"include_usage": True})
+            with httpx.stream("POST", SERVER.url + "/v1/completions", json=body, headers=AUTH,
+                              timeout=120) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[len("data: "):])
+                    if event.get("usage"):
+                        result["usage"] = event["usage"]
+                    for choice in event.get("choices", []):
+                        if choice.get("text"):
+                            result["tokens"] += 1
+                            decoding.set()
+                        if choice.get("finish_reason"):
+                            result["finish"] = choice["finish_reason"]
+            decoding.set()
 
         t = threading.Thread(target=long_request)
         t.start()
-        self.assertTrue(SERVER.wait_for_metric("tessera_requests_in_flight", 1), "the request never arrived")
+        self.assertTrue(decoding.wait(60), "the request never started decoding")
         rc = SERVER.stop()
         t.join(timeout=60)
         self.assertEqual(rc, 0, "".join(SERVER.stderr_lines[-10:]))
-        self.assertEqual(result["r"].status_code, 200)
-        self.assertEqual(result["r"].json()["usage"]["completion_tokens"], 24)
-
+        self.assertEqual(result.get("status"), 200)
+        self.assertEqual(result["finish"], "length")
+        self.assertEqual(result["usage"]["completion_tokens"], 24)
 
 if __name__ == "__main__":
     sys.exit(h.run_tests([Robustness]))
