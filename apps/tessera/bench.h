@@ -159,5 +159,8 @@ std::string html_table(const std::vector<std::string>& header,
                        const std::vector<std::vector<std::string>>& rows);
 std::string html_escape(const std::string& s);
 void write_json(const std::string& path, const nlohmann::json& j);
+// Writes a whole report or workload file atomically (never half-written: a full disk leaves
+// the destination as it was); throws CommandError naming the path and the reason.
+void write_report_file(const std::string& path, const std::string& contents);
 
 }  // namespace tessera::cli::bench

@@ -15,6 +15,7 @@
 
 #include "bench.h"
 #include "commands.h"
+#include "tessera/atomic_file.h"
 
 namespace tessera::cli::bench {
 
@@ -379,8 +380,7 @@ std::string html_table(const std::vector<std::string>& header,
 
 void write_html(const std::string& path, const std::string& title,
                 const std::vector<std::string>& sections) {
-  std::ofstream out(path);
-  if (!out) throw CommandError("cannot write '" + path + "'");
+  std::ostringstream out;
   out << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" << html_escape(title)
       << "</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;"
          "margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
@@ -388,12 +388,17 @@ void write_html(const std::string& path, const std::string& title,
       << html_escape(title) << "</h1>\n";
   for (const auto& s : sections) out << s << "\n";
   out << "</body></html>\n";
+  write_report_file(path, out.str());
 }
 
-void write_json(const std::string& path, const nlohmann::json& j) {
-  std::ofstream out(path);
-  if (!out) throw CommandError("cannot write '" + path + "'");
-  out << j.dump(2) << "\n";
+void write_json(const std::string& path, const nlohmann::json& j) { write_report_file(path, j.dump(2) + "\n"); }
+
+void write_report_file(const std::string& path, const std::string& contents) {
+  try {
+    write_file_atomically(path, contents);
+  } catch (const FileWriteError& e) {
+    throw CommandError(e.what());
+  }
 }
 
 }  // namespace tessera::cli::bench

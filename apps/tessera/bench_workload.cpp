@@ -56,14 +56,14 @@ Workload read_workload(const std::string& path) {
 }
 
 void write_workload(const Workload& w, const std::string& path) {
-  std::ofstream out(path);
-  if (!out) throw CommandError("cannot write '" + path + "'");
+  std::string out;
   for (const auto& r : w) {
     nlohmann::json j = {{"id", r.id}, {"prompt", r.prompt}, {"prompt_ids", r.prompt_ids},
                         {"max_tokens", r.max_tokens}, {"arrival_s", r.arrival_s}};
     if (!r.tag.empty()) j["tag"] = r.tag;
-    out << j.dump() << "\n";
+    out += j.dump() + "\n";
   }
+  write_report_file(path, out);
 }
 
 void prepare_workload(Workload* w, const Tokenizer& tok) {

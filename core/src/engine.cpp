@@ -126,13 +126,17 @@ Status Engine::submit(GenerationRequest request, uint64_t* request_id) {
     return out_of_range("max_tokens: prompt (" + std::to_string(prompt_len) + " tokens) + max_tokens (" +
                         std::to_string(request.params.max_tokens) + ") exceeds the context of " +
                         std::to_string(max_context_) + " tokens");
-  auto r = std::make_shared<Request>();
-  r->id = next_request_id_++;
-  r->spec = std::move(request);
-  *request_id = r->id;
-  {
+  try {
+    auto r = std::make_shared<Request>();
+    r->spec = std::move(request);
     std::lock_guard<std::mutex> lock(inbox_mutex_);
+    inbox_requests_.reserve(inbox_requests_.size() + 1);  // the only step that can throw
+    r->id = next_request_id_++;
+    *request_id = r->id;
     inbox_requests_.push_back(std::move(r));
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("admission: out of memory while queueing the request (" +
+                              std::to_string(prompt_len) + " prompt tokens)");
   }
   inbox_ready_.notify_one();
   return Status::ok();
@@ -156,6 +160,28 @@ void Engine::drain_inbox() {
   }
   const double t = now();
   for (auto& r : incoming) {
+    // An allocation failure (or a throwing scheduler) while admitting fails this request
+    // alone; the ones admitted before and after it are untouched.
+    try {
+      admit(r, t);
+    } catch (const std::bad_alloc&) {
+      reject_admission(*r, resource_exhausted("admission: out of memory while admitting the request (" +
+                                              std::to_string(r->spec.prompt.size()) + " prompt tokens, max_tokens " +
+                                              std::to_string(r->spec.params.max_tokens) + ")"));
+    } catch (const std::exception& e) {
+      reject_admission(*r, internal_error(std::string("admission: ") + e.what()));
+    }
+  }
+  for (uint64_t id : cancels) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    for (auto& [sid, seq] : sequences_)
+      if (seq->info.request_id == id && !seq->finished) finish(*seq, FinishReason::kCancelled);
+  }
+}
+
+void Engine::admit(const std::shared_ptr<Request>& r, double t) {
+  {
     auto seq = std::make_unique<Sequence>();
     seq->request = r;
     seq->info.id = next_seq_id_++;
@@ -175,15 +201,42 @@ void Engine::drain_inbox() {
     // One time stamp per generated token; reserved so decode steps never grow it.
     seq->timings.token_times.reserve(r->spec.params.max_tokens + components_.num_draft_tokens + 1);
     r->num_open = r->spec.n;
+    // Everything above only allocated; from here each insertion is undone if a later one
+    // throws, so a failed admission leaves no trace in the maps or the scheduler.
+    const SeqId id = seq->info.id;
+    SequenceInfo* info = &seq->info;
     requests_[r->id] = r;
-    components_.scheduler->add(&seq->info);
-    sequences_[seq->info.id] = std::move(seq);
+    try {
+      sequences_.emplace(id, std::move(seq));
+      components_.scheduler->add(info);
+    } catch (...) {
+      try {
+        components_.scheduler->remove(id);
+      } catch (...) {
+      }
+      sequences_.erase(id);
+      requests_.erase(r->id);
+      throw;
+    }
   }
-  for (uint64_t id : cancels) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
-    for (auto& [sid, seq] : sequences_)
-      if (seq->info.request_id == id && !seq->finished) finish(*seq, FinishReason::kCancelled);
+}
+
+void Engine::reject_admission(const Request& r, const Status& error) {
+  if (!r.spec.on_event) return;
+  try {
+    for (int32_t c = 0; c < std::max(1, r.spec.n); ++c) {
+      GenerationEvent ev;
+      ev.request_id = r.id;
+      ev.choice = c;
+      ev.finished = true;
+      ev.finish_reason = FinishReason::kError;
+      ev.error = error;
+      ev.num_prompt_tokens = static_cast<int32_t>(r.spec.prompt.size());
+      r.spec.on_event(ev);
+    }
+  } catch (...) {
+    // Out of memory even for the error event: the request's sink never hears back, but the
+    // engine and every other request go on.
   }
 }
 

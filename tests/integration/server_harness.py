@@ -114,6 +114,31 @@ class Server:
         return False
 
 
+def stream_completion(url, body, result, on_text=None, headers=None):
+    """POSTs a streamed /v1/completions (with usage in the last event) and fills `result`:
+    status, pieces (the text of each event), finish (the last finish_reason), usage.
+    `on_text` is called on the first and every later piece of text."""
+    import json
+    import httpx
+    result.update(status=None, pieces=[], finish=None, usage=None)
+    body = dict(body, stream=True, stream_options={"include_usage": True})
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers or {}, timeout=300) as r:
+        result["status"] = r.status_code
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: "):])
+            if event.get("usage"):
+                result["usage"] = event["usage"]
+            for choice in event.get("choices", []):
+                if choice.get("text"):
+                    result["pieces"].append(choice["text"])
+                    if on_text is not None:
+                        on_text()
+                if choice.get("finish_reason"):
+                    result["finish"] = choice["finish_reason"]
+
+
 def run_tests(test_case_classes):
     """Runs unittest cases and prints the closing 'N passed, N failed' line."""
     import unittest

@@ -214,27 +214,12 @@ class Robustness(unittest.TestCase):
     def test_14_sigterm_finishes_in_flight_requests_and_exits_0(self):
         # A streamed request, so the signal is sent once the request is known to be decoding
         # (polling a gauge can miss a short request on a fast machine).
-        result = {"tokens": 0, "usage": None, "finish": None}
+        result = {}
         decoding = threading.Event()
 
         def long_request():
-            body = completion(max_tokens=24, ignore_eos=True, stream=True,
-                              stream_options={"include_usage": True})
-            with httpx.stream("POST", SERVER.url + "/v1/completions", json=body, headers=AUTH,
-                              timeout=120) as r:
-                result["status"] = r.status_code
-                for line in r.iter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[len("data: "):])
-                    if event.get("usage"):
-                        result["usage"] = event["usage"]
-                    for choice in event.get("choices", []):
-                        if choice.get("text"):
-                            result["tokens"] += 1
-                            decoding.set()
-                        if choice.get("finish_reason"):
-                            result["finish"] = choice["finish_reason"]
+            h.stream_completion(SERVER.url, completion(max_tokens=24, ignore_eos=True), result,
+                                on_text=decoding.set, headers=AUTH)
             decoding.set()
 
         t = threading.Thread(target=long_request)
@@ -246,6 +231,7 @@ class Robustness(unittest.TestCase):
         self.assertEqual(result.get("status"), 200)
         self.assertEqual(result["finish"], "length")
         self.assertEqual(result["usage"]["completion_tokens"], 24)
+
 
 if __name__ == "__main__":
     sys.exit(h.run_tests([Robustness]))

@@ -152,6 +152,8 @@ class Engine {
 
   // The phases of step(), in order.
   void drain_inbox();
+  void admit(const std::shared_ptr<Request>& r, double t);  // throws; leaves no trace then
+  void reject_admission(const Request& r, const Status& error);  // its finished events
   bool run_phases();  // schedule .. draft; false when there was nothing to do
   Status schedule();
   void apply_plan();

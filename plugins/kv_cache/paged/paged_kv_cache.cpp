@@ -85,7 +85,16 @@ class PagedKvCache final : public KvCacheManager {
     prefix_query_tokens_ += std::max(0, num_prompt);
     if (max_blocks == 0) return 0;
 
-    SeqBlocks blocks = new_seq_blocks();
+    // Host memory for the table is taken before any block reference: if it is not there,
+    // the sequence simply gets no prefix reuse (bad_alloc changes nothing).
+    SeqBlocks blocks;
+    try {
+      blocks = new_seq_blocks();
+      blocks.hashes.reserve(max_blocks);
+      sequences_.reserve(sequences_.size() + 1);
+    } catch (const std::bad_alloc&) {
+      return 0;
+    }
     uint64_t parent = paged::kRootHash;
     for (int32_t i = 0; i < max_blocks; ++i) {
       const auto tokens = seq.tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
@@ -101,15 +110,26 @@ class PagedKvCache final : public KvCacheManager {
     blocks.num_attached = static_cast<int32_t>(blocks.table.size()) * block_size_;
     prefix_hit_tokens_ += blocks.num_attached;
     const int32_t attached = blocks.num_attached;
-    sequences_[seq.id] = std::move(blocks);
+    sequences_.emplace(seq.id, std::move(blocks));  // no rehash: reserved above
     return attached;
   }
 
+  // Host memory (a new sequence's table, the copy list) is taken before any block changes
+  // hands, and running out of it answers "no room" like a full pool: the scheduler then
+  // waits, preempts or rejects this one sequence, and nothing leaks.
   bool allocate_slots(const SequenceInfo& seq, int32_t num_new_tokens) override {
     if (num_new_tokens < 0) return false;
     auto it = sequences_.find(seq.id);
     const bool is_new = it == sequences_.end();
-    SeqBlocks empty = is_new ? new_seq_blocks() : SeqBlocks{};
+    SeqBlocks empty;
+    try {
+      if (is_new) {
+        empty = new_seq_blocks();
+        sequences_.reserve(sequences_.size() + 1);
+      }
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
     SeqBlocks& s = is_new ? empty : it->second;
 
     // Counted from num_computed_tokens, as the SDK says: in the step that attached a prefix
@@ -131,6 +151,12 @@ class PagedKvCache final : public KvCacheManager {
     if (num_grow + num_shared > pool_.num_free()) return false;  // all or nothing
     if (num_grow + num_shared == 0 && !is_new) return true;
 
+    try {  // the last host allocations, before any block changes hands
+      if (num_shared > 0) copies_.reserve(copies_.size() + num_shared);
+      if (static_cast<int32_t>(s.table.capacity()) < num_needed) s.table.reserve(num_needed);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
     if (num_shared > 0)
       for (int32_t i = first_written; i < std::min(num_held, num_needed); ++i) {
         const int32_t old_block = s.table[i];
@@ -143,7 +169,7 @@ class PagedKvCache final : public KvCacheManager {
         s.table[i] = new_block;
       }
     for (int32_t i = num_held; i < num_needed; ++i) s.table.push_back(pool_.allocate());
-    if (is_new) sequences_.emplace(seq.id, std::move(empty));
+    if (is_new) sequences_.emplace(seq.id, std::move(empty));  // no rehash: reserved above
     return true;
   }
 
@@ -199,13 +225,18 @@ class PagedKvCache final : public KvCacheManager {
       return invalid_argument("kv_cache.paged: fork of unknown sequence " + std::to_string(parent));
     if (sequences_.count(child))
       return invalid_argument("kv_cache.paged: fork into existing sequence " + std::to_string(child));
-    SeqBlocks copy = new_seq_blocks();  // copied before emplace may rehash and move `it`
-    copy.table = it->second.table;
-    copy.hashes = it->second.hashes;
-    copy.num_computed = it->second.num_computed;
-    copy.num_attached = it->second.num_attached;
-    for (int32_t b : copy.table) pool_.add_ref(b);
-    sequences_.emplace(child, std::move(copy));
+    // Every allocation before the first add_ref: out of host memory fails the child alone.
+    try {
+      SeqBlocks copy = new_seq_blocks();  // copied before emplace may rehash and move `it`
+      copy.table = it->second.table;
+      copy.hashes = it->second.hashes;
+      copy.num_computed = it->second.num_computed;
+      copy.num_attached = it->second.num_attached;
+      auto [child_it, inserted] = sequences_.emplace(child, std::move(copy));
+      for (int32_t b : child_it->second.table) pool_.add_ref(b);
+    } catch (const std::bad_alloc&) {
+      return resource_exhausted("kv_cache.paged: out of host memory forking sequence " + std::to_string(parent));
+    }
     return Status::ok();
   }
 
