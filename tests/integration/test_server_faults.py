@@ -77,6 +77,7 @@ class StalledReader(unittest.TestCase):
 class SigtermDuringPrefill(unittest.TestCase):
     def run_case(self, shutdown_timeout):
         server = h.Server(f"shutdown_timeout: {shutdown_timeout}", name="faults-sigterm").start()
+        self.addCleanup(server.stop)  # a failed assertion must not leave the server running
         model = model_of(server)
         result, first_token = {}, threading.Event()
         body = {"model": model, "prompt": LONG_PROMPT, "max_tokens": 16, "ignore_eos": True, "temperature": 0}
