@@ -1,9 +1,9 @@
 // Engine invariants on the real model: greedy output does not depend on the scheduler, the
 // chunk size, the KV cache or its block size, prefix-cache hits or the attention kernel, and
 // equals each prompt run alone; afterwards every KV block is free again. Also: cancellation
+// mid-prefill, n > 1 forks, and bad requests answered alone while the others complete.
 // Prompt log-probabilities (echo + logprobs) are the same across chunk sizes, schedulers and
 // block sizes, with prefix-cache hits around, and change no generated token.
-// mid-prefill, n > 1 forks, and bad requests answered alone while the others complete.
 #include <doctest/doctest.h>
 
 #include <algorithm>
