@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,17 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESSERA = os.path.join(ROOT, "build", "bin", "tessera")
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+import server_harness as h  # noqa: E402  (starts `tessera serve` on a free port, default stack)
+
+TESSERA = h.TESSERA
 MODEL = os.path.join(os.environ.get("TESSERA_MODEL_DIR", os.path.expanduser("~/.cache/tessera/models")),
                      "SmolLM2-135M-Instruct.Q4_1.gguf")
 AIPERF_VERSION = "0.13.0"
-# Warnings AIPerf prints whatever the server: advice about --osl, a GPU telemetry endpoint
+# Warnings AIPerf prints whatever the server: a GPU telemetry endpoint
 # that this CPU machine has not (and its telemetry service missing heartbeats), and its own
 # event loop running late on a busy machine.
-BENIGN = re.compile(r"Using --osl without ignore_eos|GPU Telemetry|gpu_telemetry_manager|Event loop for .* is taking too long")
+BENIGN = re.compile(r"GPU Telemetry|gpu_telemetry_manager|Event loop for .* is taking too long")
 
 
 def ensure_venv(venv):
@@ -47,23 +49,14 @@ def main():
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--isl", type=int, default=64)
-    ap.add_argument("--osl", type=int, default=24)
+    ap.add_argument("--osl", type=int, default=24)  # exactly: ignore_eos is sent (vLLM's extension)
     args = ap.parse_args()
     aiperf = ensure_venv(args.venv)
     work = tempfile.mkdtemp(prefix="tessera-aiperf-")
     tok_dir = os.path.join(work, "tokenizer")
     subprocess.run([TESSERA, "tokenizer", "export", MODEL, os.path.join(tok_dir, "tokenizer.json")], check=True)
-    server = subprocess.Popen([TESSERA, "serve", "-c", os.path.join(ROOT, "configs", "smollm2-cpu.yaml"), "--port", "0",
-                               "--no-access-log"], stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in server.stderr:
-        m = re.search(r"listening on http://[\d.]+:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-            break
-    if port is None:
-        sys.exit("tessera serve did not start")
-    url = f"http://127.0.0.1:{port}"
+    server = h.Server(name="aiperf", args=["--no-access-log"]).start()
+    url = server.url
     failures = []
     try:
         model = json.load(urllib.request.urlopen(url + "/v1/models"))["data"][0]["id"]
@@ -72,6 +65,7 @@ def main():
         run = subprocess.run([aiperf, "profile", "--model", model, "--url", url, "--endpoint-type", "completions",
                               "--tokenizer", tok_dir, "--streaming", "--concurrency", str(args.concurrency),
                               "--request-count", str(args.requests), "--isl", str(args.isl), "--osl", str(args.osl),
+                              "--extra-inputs", "ignore_eos:true",
                               "--ui", "none", "--artifact-dir", artifacts], capture_output=True, text=True, timeout=900)
         print(run.stdout[-4000:])
         if run.returncode != 0:
@@ -102,8 +96,8 @@ def main():
         if "tessera_time_to_first_token_seconds" not in families:
             failures.append("server_metrics_export.json has no tessera_time_to_first_token_seconds")
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        if server.stop() != 0:
+            failures.append("tessera serve did not exit 0 on SIGTERM")
     for f in failures:
         print("FAIL:", f)
     print(f"{0 if failures else 1} passed, {1 if failures else 0} failed")
