@@ -25,9 +25,13 @@ if ((${#missing[@]})); then
 fi
 
 # Python packages the server tests and bench/load_test.py use (pinned): the official OpenAI
-# client, httpx, and prometheus_client (its text parser checks /metrics). Installed only when
-# missing or at another version.
-python_packages=(openai==2.8.1 httpx==0.28.1 prometheus-client==0.21.1)
+# client, httpx, and prometheus_client (its text parser checks /metrics); the clients of
+# issue 16: lm-eval (with its API extra; transformers loads the exported tokenizer for it),
+# tokenizers (reads `tessera tokenizer export`'s tokenizer.json) and langchain-openai (1.1.0:
+# the newest that accepts openai 2.8.1). Installed only when missing or at another version
+# (lm-eval and its dependencies: about 5 minutes on a fresh machine).
+python_packages=(openai==2.8.1 httpx==0.28.1 prometheus-client==0.21.1
+                 lm-eval==0.4.13 tokenizers==0.23.3 transformers==5.24.0 langchain-openai==1.1.0)
 if ! python3 - "${python_packages[@]}" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version
@@ -39,6 +43,6 @@ PY
 then
   echo "install-deps: installing ${python_packages[*]} with pip"
   # Debian's own python3 is "externally managed" (PEP 668): pip needs to be told explicitly.
-  python3 -m pip install --quiet "${python_packages[@]}" 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages "${python_packages[@]}"
+  python3 -m pip install --quiet "${python_packages[@]}" "lm-eval[api]==0.4.13" 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "${python_packages[@]}" "lm-eval[api]==0.4.13"
 fi

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -33,6 +34,7 @@
 #include "tessera/model_runner.h"
 #include "tessera/plugin_registry.h"
 #include "tessera/stack.h"
+#include "tessera/tokenizer.h"
 
 namespace tessera::cli {
 namespace {
@@ -49,6 +51,7 @@ struct EvalOptions {
   std::string html_path;
   int greedy = 0;  // tokens of greedy continuation compared per chunk (needs reference_config)
   bool quiet = false;
+  std::string prompt_logprobs;  // JSONL of prompts: print each prompt token's logprob instead
 };
 
 // One stack set up to evaluate chunks of n_ctx tokens from an empty cache. Members are
@@ -296,7 +299,88 @@ std::string fmt_g(double v, int precision) {
   return buf;
 }
 
+// --prompt-logprobs: the offline counterpart of /v1/completions' echo + logprobs. Each JSONL
+// line is {"id", "prompt": text} (tokenized as /v1/completions does: special tokens parsed,
+// BOS as the model asks) or {"id", "tokens": [ids]}; each prompt is evaluated in one forward
+// pass from an empty cache (no scheduler, chunking or prefix cache) and printed as
+// {"id", "tokens", "token_logprobs": [null, logprob of token i given tokens < i, ...]}.
+void run_prompt_logprobs(const EvalOptions& opt) {
+  std::ifstream in(opt.prompt_logprobs);
+  if (!in) throw CommandError("--prompt-logprobs: cannot open '" + opt.prompt_logprobs + "'");
+  struct Item {
+    nlohmann::json id;
+    std::vector<TokenId> tokens;
+    std::string text;
+    bool has_text = false;
+  };
+  std::vector<Item> items;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = opt.prompt_logprobs + ":" + std::to_string(line_no) + ": ";
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception& e) {
+      throw CommandError(where + "invalid JSON: " + e.what());
+    }
+    Item item;
+    item.id = j.value("id", nlohmann::json(items.size()));
+    if (j.contains("prompt") && j["prompt"].is_string()) {
+      item.text = j["prompt"].get<std::string>();
+      item.has_text = true;
+    } else if (j.contains("tokens") && j["tokens"].is_array()) {
+      for (const auto& t : j["tokens"]) {
+        if (!t.is_number_integer()) throw CommandError(where + "\"tokens\": expected token ids");
+        item.tokens.push_back(t.get<TokenId>());
+      }
+    } else {
+      throw CommandError(where + "expected \"prompt\": text or \"tokens\": [ids]");
+    }
+    items.push_back(std::move(item));
+  }
+  if (items.empty()) throw CommandError("--prompt-logprobs: '" + opt.prompt_logprobs + "' holds no prompt");
+  // The stack is sized for the longest prompt: load it once with the model's context, then
+  // tokenize, then evaluate.
+  auto probe = load_eval_stack(opt.config, 8, opt.quiet);
+  const Tokenizer& tok = probe->model().tokenizer();
+  int32_t longest = 1;
+  for (Item& item : items) {
+    if (item.has_text) item.tokens = tok.encode(item.text, /*add_special=*/true, /*parse_special=*/true);
+    for (TokenId t : item.tokens)
+      if (t < 0 || t >= tok.vocab_size())
+        throw CommandError("--prompt-logprobs: token id " + std::to_string(t) + " is outside the vocabulary");
+    if (item.tokens.empty()) throw CommandError("--prompt-logprobs: an empty prompt");
+    longest = std::max(longest, static_cast<int32_t>(item.tokens.size()));
+  }
+  probe.reset();
+  auto s = load_eval_stack(opt.config, std::max(8, longest), /*quiet=*/true);
+  const int32_t vocab = s->runner->vocab_size();
+  std::vector<float> logp;
+  std::ofstream file;
+  if (!opt.json_path.empty() && opt.json_path != "-") {
+    file.open(opt.json_path);
+    if (!file) throw CommandError("--json: cannot write '" + opt.json_path + "'");
+  }
+  std::ostream& out = file.is_open() ? static_cast<std::ostream&>(file) : std::cout;
+  for (const Item& item : items) {
+    const auto n = static_cast<int32_t>(item.tokens.size());
+    const std::vector<int32_t> table(s->block_table.begin(),
+                                     s->block_table.begin() + (n + s->layout.block_size - 1) / s->layout.block_size);
+    const ForwardSequence seq{item.tokens.data(), n, 0, table, n};
+    const Status st = s->runner->forward({&seq, 1}, &logp);
+    if (!st.is_ok()) throw CommandError(s->config.file + ": forward pass failed: " + st.message());
+    log_softmax_rows(logp.data(), n, vocab);
+    nlohmann::json lps = nlohmann::json::array({nullptr});
+    for (int32_t i = 1; i < n; ++i) lps.push_back(logp[static_cast<size_t>(i - 1) * vocab + item.tokens[i]]);
+    out << nlohmann::json{{"id", item.id}, {"tokens", item.tokens}, {"token_logprobs", lps}}.dump() << "\n";
+  }
+  out.flush();
+}
+
 void run_eval(const EvalOptions& opt) {
+  if (!opt.prompt_logprobs.empty()) return run_prompt_logprobs(opt);
+  if (opt.corpus.empty()) throw CommandError("eval: give --corpus FILE (or --prompt-logprobs FILE)");
   if (opt.ctx < 8) throw CommandError("--ctx: at least 8 tokens, got " + std::to_string(opt.ctx));
   if (opt.greedy > 0 && opt.reference_config.empty())
     throw CommandError("--greedy needs --reference-config (a saved reference holds no continuations)");
@@ -505,7 +589,10 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "eval", "perplexity over a text corpus (llama-perplexity's method) and KL divergence against a reference");
   cmd->add_option("-c,--config", opt->config, "stack YAML to evaluate (default: configs/smollm2-cpu.yaml)");
-  cmd->add_option("-f,--corpus", opt->corpus, "text file to evaluate on")->required();
+  cmd->add_option("-f,--corpus", opt->corpus, "text file to evaluate on");
+  cmd->add_option("--prompt-logprobs", opt->prompt_logprobs,
+                  "JSONL of prompts ({\"id\", \"prompt\": text} or {\"id\", \"tokens\": [ids]}): print every "
+                  "prompt token's logprob, one JSON line per prompt (the offline /v1/completions echo + logprobs)");
   cmd->add_option("--ctx", opt->ctx, "tokens per chunk (n_ctx); the second half of each is scored")
       ->capture_default_str();
   cmd->add_option("--chunks", opt->chunks, "evaluate at most N chunks (0: all)")->capture_default_str()

@@ -18,6 +18,7 @@ void add_serve_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_tokenizer_command(CLI::App& app);  // tessera tokenizer export
 void add_plugins_command(CLI::App& app);
 void add_config_command(CLI::App& app);
 void add_bench_command(CLI::App& app);

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_generate_command(app);
   tessera::cli::add_chat_command(app);
   tessera::cli::add_tokenize_command(app);
+  tessera::cli::add_tokenizer_command(app);
   tessera::cli::add_plugins_command(app);
   tessera::cli::add_config_command(app);
   tessera::cli::add_bench_command(app);

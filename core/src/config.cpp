@@ -1000,7 +1000,7 @@ class StackValidator {
     if (!check_keys(map, "server",
                     {"host", "port", "api_keys", "max_body_size", "max_header_size", "header_timeout",
                      "read_timeout", "idle_timeout", "write_timeout", "max_queued_requests",
-                     "shutdown_timeout"}))
+                     "shutdown_timeout", "defaults"}))
       return;
     static const ParamSpec kHost{"host", ParamType::kString, "127.0.0.1", ""};
     static const ParamSpec kPort{"port", ParamType::kInt, "8080", "", 0, 65535};
@@ -1026,6 +1026,37 @@ class StackValidator {
     field(entry, "server", kShutdown, &server->shutdown_timeout);
     for (const std::string& key : server->api_keys)
       if (key.empty()) issues_.add(entry.value.find("api_keys")->value, "server.api_keys", "an API key must not be empty");
+    if (const TreeEntry* d = entry.value.find("defaults")) validate_request_defaults(*d, &server->defaults);
+  }
+
+  // server.defaults: the request fields' own names and ranges (docs/server.md).
+  void validate_request_defaults(const TreeEntry& entry, RequestDefaults* d) {
+    const std::string path = "server.defaults";
+    if (!check_keys(entry.value, path,
+                    {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty", "max_tokens"}))
+      return;
+    auto spec = [](const char* name, ParamType type, double lo, double hi) {
+      ParamSpec s{name, type, nullptr, "", lo, hi};
+      s.optional = true;
+      return s;
+    };
+    optional_field(entry, path, spec("temperature", ParamType::kFloat, 0, 2), &d->temperature);
+    optional_field(entry, path, spec("top_p", ParamType::kFloat, 1e-9, 1), &d->top_p);
+    optional_field(entry, path, spec("top_k", ParamType::kInt, -1, 1 << 20), &d->top_k);
+    optional_field(entry, path, spec("min_p", ParamType::kFloat, 0, 1), &d->min_p);
+    optional_field(entry, path, spec("presence_penalty", ParamType::kFloat, -2, 2), &d->presence_penalty);
+    optional_field(entry, path, spec("frequency_penalty", ParamType::kFloat, -2, 2), &d->frequency_penalty);
+    optional_field(entry, path, spec("repetition_penalty", ParamType::kFloat, 0.01, 10), &d->repetition_penalty);
+    optional_field(entry, path, spec("max_tokens", ParamType::kInt, 1, 1 << 24), &d->max_tokens);
+  }
+
+  template <class T>
+  void optional_field(const TreeEntry& owner, const std::string& path, const ParamSpec& spec, std::optional<T>* out) {
+    if (!owner.value.find(spec.name)) return;
+    T value{};
+    field(owner, path, spec, &value);
+    *out = value;
   }
 
   PluginRegistry& registry_;

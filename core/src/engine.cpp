@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "tessera/token_logprobs.h"
+
 namespace tessera {
 
 double RequestTimings::tpot() const {
@@ -39,9 +41,17 @@ struct Engine::Sequence {
   RequestTimings timings;
   bool finished = false;
   bool finish_reported = false;  // the finished event has been delivered
+  // Requests with prompt_logprobs: entry i is prompt token i + 1 (filled chunk by chunk).
+  std::vector<SampledToken> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
   FinishReason finish_reason = FinishReason::kNone;
   Status finish_error;
 
+  bool wants_prompt_logprobs() const { return request->spec.prompt_logprobs >= 0 && choice == 0; }
+  // Prompt tokens whose logprobs are still to be computed (token 0 has none).
+  bool prompt_logprobs_pending() const {
+    return wants_prompt_logprobs() && static_cast<int32_t>(prompt_logprobs.size()) + 1 < info.num_prompt_tokens;
+  }
   void sync_view() { info.tokens = std::span<const TokenId>(tokens.data(), tokens.size()); }
   // Takes the last `n` drafts off the token vector (they stay in `draft` until cleared).
   void drop_drafts(int32_t n) {
@@ -67,6 +77,33 @@ uint64_t seed_for(const SamplingParams& p, uint64_t request_id, int32_t choice) 
 
 double Engine::now() const { return monotonic_seconds(); }
 
+// The KV cache as the scheduler sees it: the configured plugin, except that a sequence whose
+// prompt logprobs are requested gets no prefix-cache hit (a cached prefix has no logits; its
+// prompt is computed in full, and its blocks are still published for others to reuse).
+class Engine::PromptLogprobsKvView final : public KvCacheManager {
+ public:
+  PromptLogprobsKvView(Engine& engine, KvCacheManager& kv) : engine_(engine), kv_(kv) {}
+  Status configure(const KvModelShape& shape, KvLayout* layout) override { return kv_.configure(shape, layout); }
+  int32_t attach_cached_prefix(const SequenceInfo& seq) override {
+    const Sequence* s = engine_.find_sequence(seq.id);
+    if (s && s->request->spec.prompt_logprobs >= 0) return 0;
+    return kv_.attach_cached_prefix(seq);
+  }
+  bool allocate_slots(const SequenceInfo& seq, int32_t n) override { return kv_.allocate_slots(seq, n); }
+  void mark_computed(const SequenceInfo& seq, int32_t n) override { kv_.mark_computed(seq, n); }
+  void truncate(const SequenceInfo& seq, int32_t n) override { kv_.truncate(seq, n); }
+  void free(SeqId seq) override { kv_.free(seq); }
+  Status fork(SeqId parent, SeqId child) override { return kv_.fork(parent, child); }
+  std::span<const int32_t> block_table(SeqId seq) const override { return kv_.block_table(seq); }
+  void take_block_copies(std::vector<BlockCopy>* copies) override { kv_.take_block_copies(copies); }
+  int32_t num_free_blocks() const override { return kv_.num_free_blocks(); }
+  KvStats stats() const override { return kv_.stats(); }
+
+ private:
+  Engine& engine_;
+  KvCacheManager& kv_;
+};
+
 Engine::Engine(EngineComponents components) : components_(std::move(components)) {
   auto& c = components_;
   if (!c.model || !c.backend || !c.quantizer || !c.scheduler || !c.kv_cache || !c.attention || !c.sampler)
@@ -80,6 +117,7 @@ Engine::Engine(EngineComponents components) : components_(std::move(components))
                      c.scheduler->max_num_seqs()};
   Status st = c.kv_cache->configure(shape, &kv_layout_);
   if (!st.is_ok()) throw std::runtime_error(st.message());
+  scheduler_kv_ = std::make_unique<PromptLogprobsKvView>(*this, *c.kv_cache);
   // A device backend may run the whole forward itself (tessera/sdk/forward.h); otherwise the
   // core runner drives the backend's kernels and the quantizer's matmuls.
   if (auto* provider = dynamic_cast<ForwardRunnerProvider*>(c.backend.get())) {
@@ -113,8 +151,14 @@ Status Engine::submit(GenerationRequest request, uint64_t* request_id) {
     if (t < 0 || t >= vocab)
       return invalid_argument("prompt: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
                               std::to_string(vocab - 1) + ")");
-  if (request.params.max_tokens < 1)
-    return invalid_argument("max_tokens: must be at least 1, got " + std::to_string(request.params.max_tokens));
+  if (request.prompt_logprobs < -1 || request.prompt_logprobs > vocab)
+    return invalid_argument("prompt_logprobs: must be -1 (none) or 0.." + std::to_string(vocab) + ", got " +
+                            std::to_string(request.prompt_logprobs));
+  // max_tokens 0 only evaluates the prompt: meaningful with prompt logprobs alone.
+  const int32_t min_tokens = request.prompt_logprobs >= 0 ? 0 : 1;
+  if (request.params.max_tokens < min_tokens)
+    return invalid_argument("max_tokens: must be at least " + std::to_string(min_tokens) + ", got " +
+                            std::to_string(request.params.max_tokens));
   if (request.n < 1) return invalid_argument("n: must be at least 1, got " + std::to_string(request.n));
   if (request.n > components_.scheduler->max_num_seqs())
     return invalid_argument("n: " + std::to_string(request.n) + " exceeds the scheduler's max_num_seqs (" +
@@ -195,6 +239,7 @@ void Engine::admit(const std::shared_ptr<Request>& r, double t) {
     seq->tokens = r->spec.prompt;
     seq->sync_view();
     seq->pending_forks = r->spec.n - 1;
+    if (r->spec.prompt_logprobs >= 0) seq->prompt_logprobs.reserve(r->spec.prompt.size());
     seq->sampler_state.rng = seed_for(r->spec.params, r->id, 0);
     seq->draft.tokens.reserve(components_.num_draft_tokens);
     seq->timings.arrival = t;
@@ -266,6 +311,10 @@ void Engine::emit(Sequence& seq, std::vector<SampledToken>& tokens) {
   ev.num_draft_tokens = seq.num_draft_tokens_fed;
   ev.num_accepted_draft_tokens = seq.num_draft_tokens_accepted;
   ev.timings = &seq.timings;
+  if (seq.wants_prompt_logprobs() && !seq.prompt_logprobs_sent && !seq.prompt_logprobs_pending()) {
+    seq.prompt_logprobs_sent = true;
+    ev.prompt_logprobs = std::move(seq.prompt_logprobs);
+  }
   seq.request->spec.on_event(ev);
   tokens = std::move(ev.tokens);
   tokens.clear();
@@ -381,7 +430,7 @@ bool Engine::run_phases() {
 
 Status Engine::schedule() {
   plan_.clear();
-  Status st = components_.scheduler->schedule(*components_.kv_cache, now(), &plan_);
+  Status st = components_.scheduler->schedule(*scheduler_kv_, now(), &plan_);
   if (!st.is_ok()) return Status(st.code(), "scheduler: " + st.message());
   return st;
 }
@@ -432,6 +481,13 @@ void Engine::build_batch() {
     rs.block_table = components_.kv_cache->block_table(seq->info.id);
     // Only rows that will be sampled get logits: 1 + k for a sequence verifying k drafts.
     rs.num_logit_rows = reaches_end ? 1 + seq->info.num_draft_tokens : 0;
+    // Prompt logprobs: every row from the first position whose next prompt token is still
+    // to be scored (position p predicts token p + 1).
+    if (seq->prompt_logprobs_pending()) {
+      const int32_t first = std::max(start, static_cast<int32_t>(seq->prompt_logprobs.size()));
+      if (first < start + s.num_new_tokens)
+        rs.num_logit_rows = std::max(rs.num_logit_rows, start + s.num_new_tokens - first);
+    }
     batch_has_drafts_ |= reaches_end && seq->info.num_draft_tokens > 0;
     runner_batch_.push_back(rs);
     batch_sequences_.push_back(seq);
@@ -457,17 +513,48 @@ void Engine::sample_batch() {
     float* first_row = logits_.data() + row * vocab;
     row += rs.num_logit_rows;
     if (seq.finished) continue;  // ended earlier this step (cancelled, rejected)
-    if (rs.num_logit_rows == 0) {
+    // Before sampling: the sampler may modify its row in place.
+    if (seq.prompt_logprobs_pending()) record_prompt_logprobs(seq, rs, first_row);
+    if (rs.start_position + rs.num_tokens < seq.info.num_tokens()) {
       // A prompt chunk short of the prompt's end: nothing to sample.
       seq.info.num_computed_tokens += rs.num_tokens;
       components_.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
       continue;
     }
-    sample_sequence(seq, rs.num_tokens, first_row);
+    // The sampled rows are the last 1 + drafts of the sequence's rows.
+    const int32_t num_sampled_rows = 1 + seq.info.num_draft_tokens;
+    sample_sequence(seq, rs.num_tokens, first_row + static_cast<size_t>(rs.num_logit_rows - num_sampled_rows) * vocab);
+  }
+}
+
+void Engine::record_prompt_logprobs(Sequence& seq, const RunnerSequence& rs, const float* first_row) {
+  const size_t vocab = static_cast<size_t>(runner_->vocab_size());
+  const int32_t first_position = rs.start_position + rs.num_tokens - rs.num_logit_rows;
+  for (int32_t r = 0; r < rs.num_logit_rows && seq.prompt_logprobs_pending(); ++r) {
+    const int32_t target = first_position + r + 1;  // the prompt token this row predicts
+    if (target != static_cast<int32_t>(seq.prompt_logprobs.size()) + 1) continue;
+    SampledToken t;
+    t.token = seq.tokens[static_cast<size_t>(target)];
+    fill_token_logprobs(std::span<const float>(first_row + static_cast<size_t>(r) * vocab, vocab),
+                        seq.request->spec.prompt_logprobs, &t, &logprob_index_);
+    seq.prompt_logprobs.push_back(std::move(t));
   }
 }
 
 void Engine::sample_sequence(Sequence& seq, int32_t num_fed, float* first_row) {
+  if (seq.info.max_new_tokens == 0) {
+    // Prompt logprobs only (max_tokens 0): the prompt is computed, nothing is generated; the
+    // n samples are n equal (empty) choices.
+    seq.info.num_computed_tokens += num_fed;
+    components_.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
+    const int32_t forks = seq.pending_forks;
+    const SeqId first_child = next_seq_id_;
+    fork_children(seq);
+    finish(seq, FinishReason::kLength);
+    for (int32_t k = 0; k < forks; ++k)
+      if (Sequence* child = find_sequence(first_child + k)) finish(*child, FinishReason::kLength);
+    return;
+  }
   if (seq.pending_forks > 0) {
     // The prompt is done: children share its KV and sample from copies of this row.
     seq.info.num_computed_tokens += num_fed;

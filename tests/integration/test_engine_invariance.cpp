@@ -2,8 +2,12 @@
 // chunk size, the KV cache or its block size, prefix-cache hits or the attention kernel, and
 // equals each prompt run alone; afterwards every KV block is free again. Also: cancellation
 // mid-prefill, n > 1 forks, and bad requests answered alone while the others complete.
+// Prompt log-probabilities (echo + logprobs) are the same across chunk sizes, schedulers and
+// block sizes, with prefix-cache hits around, and change no generated token.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -242,4 +246,112 @@ TEST_CASE("a KV pool too small for one request is refused at start-up") {
   if (!test::have_real_model()) return;
   CHECK_THROWS_WITH_AS(make_stack("tiny-pool", "  kv_cache: {plugin: paged, block_size: 16, memory: 1MiB}\n"),
                        doctest::Contains("raise engine.kv_cache.memory"), std::runtime_error);
+}
+
+namespace {
+
+struct PromptLogprobRun {
+  std::vector<float> logprobs;        // entry i: prompt token i + 1
+  std::vector<TokenId> tokens;        // the token each entry scored
+  int32_t num_finished = 0;           // samples that ended (n of them)
+  int32_t cached_prompt_tokens = -1;
+  std::vector<TokenId> generated;     // choice 0's tokens
+};
+
+// Every prompt at once with prompt_logprobs (2 alternatives), n samples and `max_tokens`
+// greedy tokens (0: the prompt only).
+std::vector<PromptLogprobRun> run_prompt_logprobs(Engine& engine, const std::vector<std::vector<TokenId>>& prompts,
+                                                  int32_t max_tokens, int32_t n) {
+  std::vector<PromptLogprobRun> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.prompt = prompts[i];
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;
+    r.n = n;
+    r.prompt_logprobs = 2;
+    r.on_event = [&out, i](const GenerationEvent& ev) {
+      PromptLogprobRun& o = out[i];
+      for (const SampledToken& t : ev.prompt_logprobs) {
+        o.logprobs.push_back(t.logprob);
+        o.tokens.push_back(t.token);
+        CHECK(t.top.size() == 2);
+        CHECK(t.top[0].logprob >= t.top[1].logprob);
+        CHECK(t.logprob <= t.top[0].logprob);
+      }
+      if (ev.choice == 0)
+        for (const SampledToken& t : ev.tokens) o.generated.push_back(t.token);
+      if (ev.finished) {
+        CHECK_MESSAGE(ev.error.is_ok(), ev.error.message());
+        ++o.num_finished;
+        o.cached_prompt_tokens = ev.num_cached_prompt_tokens;
+      }
+    };
+    uint64_t id = 0;
+    REQUIRE(engine.submit(std::move(r), &id).is_ok());
+  }
+  engine.run_until_idle();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("prompt logprobs do not depend on chunk sizes, schedulers, block sizes or prefix-cache hits") {
+  if (!test::have_real_model()) return;
+  struct Variant { std::string name, yaml; int32_t n; };
+  // The first is the reference: whole prompts in one step, no prefix cache (and no forks:
+  // the contiguous cache has a region per sequence, too few for 12 prompts x 2).
+  const std::vector<Variant> variants = {
+      {"static-contiguous",
+       "  scheduler: {plugin: static, max_num_seqs: 16}\n"
+       "  kv_cache: {plugin: contiguous, memory: 256MiB, dtype: f32}\n", 1},
+      {"chunked16-paged8-prefix",
+       "  scheduler: {plugin: chunked-prefill, chunk_size: 16, max_batch_tokens: 64}\n"
+       "  kv_cache: {plugin: paged, block_size: 8, memory: 128MiB, dtype: f32, prefix_caching: true}\n", 2},
+      {"continuous-paged32-prefix",
+       "  scheduler: {plugin: continuous, max_num_seqs: 6}\n"
+       "  kv_cache: {plugin: paged, block_size: 32, memory: 128MiB, dtype: f32, prefix_caching: true}\n", 2},
+  };
+  std::vector<std::vector<TokenId>> prompts;
+  std::vector<PromptLogprobRun> reference;
+  std::vector<std::vector<TokenId>> reference_greedy;
+  for (const Variant& v : variants) {
+    INFO("stack " << v.name);
+    test::Stack s = make_stack("promptlp-" + v.name, v.yaml + "  attention: {plugin: naive}\n");
+    if (prompts.empty()) {
+      prompts = make_prompts(s.engine->model().tokenizer());
+      prompts.resize(12);  // 6 share the long system prefix
+    }
+    // Fill the prefix cache first: the prompt-logprob requests must not use it.
+    const auto greedy = run(*s.engine, prompts);
+    const auto zero = run_prompt_logprobs(*s.engine, prompts, 0, v.n);
+    const auto with_generation = run_prompt_logprobs(*s.engine, prompts, kNewTokens, v.n);
+    double worst = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const size_t n = prompts[i].size() - 1;
+      for (const auto* r : {&zero[i], &with_generation[i]}) {
+        REQUIRE(r->logprobs.size() == n);
+        CHECK(r->tokens == std::vector<TokenId>(prompts[i].begin() + 1, prompts[i].end()));
+        CHECK(r->num_finished == v.n);
+        CHECK(r->cached_prompt_tokens == 0);
+      }
+      CHECK(zero[i].generated.empty());
+      CHECK(with_generation[i].generated == greedy[i]);  // prompt logprobs change no output
+      const auto& ref = reference.empty() ? zero[i] : reference[i];
+      for (size_t k = 0; k < n; ++k) {
+        worst = std::max(worst, static_cast<double>(std::fabs(zero[i].logprobs[k] - ref.logprobs[k])));
+        CHECK(zero[i].logprobs[k] == with_generation[i].logprobs[k]);
+      }
+    }
+    if (reference.empty()) {
+      reference = zero;
+      reference_greedy = greedy;
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) CHECK(greedy[i] == reference_greedy[i]);
+    MESSAGE(v.name << ": max |prompt logprob - reference| = " << worst << "; prefix-cache hit tokens "
+                   << s.engine->stats().kv.prefix_hit_tokens);
+    CHECK(worst < 1e-4);
+    check_all_blocks_free(*s.engine);
+  }
 }

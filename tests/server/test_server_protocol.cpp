@@ -81,7 +81,9 @@ TEST_CASE("completion requests: types, ranges and unsupported fields name the fi
                        Bad{R"({"model":"m","prompt":"hi","stop":[1]})", "stop"},
                        Bad{R"({"model":"m","prompt":"hi","n":0})", "n"},
                        Bad{R"({"model":"m","prompt":"hi","logprobs":true})", "logprobs"},
-                       Bad{R"({"model":"m","prompt":"hi","echo":true})", "echo"},
+                       Bad{R"({"model":"m","prompt":"hi","echo":"yes"})", "echo"},
+                       Bad{R"({"model":"m","prompt":"hi","echo":true,"logprobs":1,"stream":true})", "echo"},
+                       Bad{R"({"model":"m","prompt":"hi","echo":true,"max_tokens":-1})", "max_tokens"},
                        Bad{R"({"model":"m","prompt":"hi","stream_options":{"include_usage":true}})", "stream_options"},
                        Bad{R"({"model":"m","prompt":["a",1]})", "prompt[1]"},
                        Bad{R"({"model":"m","prompt":[[1],"a"]})", "prompt[1]"},
@@ -97,6 +99,52 @@ TEST_CASE("completion requests: types, ranges and unsupported fields name the fi
     CHECK(err.param == b.param);
     CHECK(err.message.rfind(b.param, 0) == 0);
   }
+}
+
+TEST_CASE("echo + logprobs asks for prompt logprobs; max_tokens 0 only with echo") {
+  ApiError e;
+  auto lm_eval = parse_generation_request(
+      json::parse(R"({"model":"m","prompt":[1,2,3],"max_tokens":0,"echo":true,"logprobs":1})"), ApiKind::kCompletion, &e);
+  REQUIRE(lm_eval);
+  CHECK(lm_eval->echo);
+  CHECK(lm_eval->params.max_tokens == 0);
+  CHECK(lm_eval->prompt_logprobs == 1);
+  auto echo_only = parse_generation_request(json::parse(R"({"model":"m","prompt":"hi","max_tokens":0,"echo":true})"),
+                                            ApiKind::kCompletion, &e);
+  REQUIRE(echo_only);
+  CHECK(echo_only->prompt_logprobs == 0);  // the engine evaluates the prompt, nothing is reported
+  CHECK_FALSE(echo_only->logprobs);
+  auto plain = parse_generation_request(json::parse(R"({"model":"m","prompt":"hi","logprobs":2})"),
+                                        ApiKind::kCompletion, &e);
+  REQUIRE(plain);
+  CHECK(plain->prompt_logprobs == -1);  // no echo: no prompt logits are kept
+  ApiError chat_err;
+  CHECK_FALSE(parse_generation_request(
+      json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0})"), ApiKind::kChat,
+      &chat_err));
+  CHECK(chat_err.param == "max_tokens");
+}
+
+TEST_CASE("server.defaults fill only the fields a request omits") {
+  tessera::RequestDefaults d;
+  d.temperature = 0.0;
+  d.max_tokens = 7;
+  d.top_k = 5;
+  json body = json::parse(R"({"model":"m","prompt":"hi","top_k":null,"temperature":0.9})");
+  tessera::server::apply_request_defaults(d, ApiKind::kCompletion, &body);
+  ApiError e;
+  auto spec = parse_generation_request(body, ApiKind::kCompletion, &e);
+  REQUIRE(spec);
+  CHECK(spec->params.temperature == doctest::Approx(0.9));  // sent: kept
+  CHECK(spec->params.max_tokens == 7);                      // omitted: the default
+  CHECK(spec->max_tokens_given);
+  CHECK(spec->params.top_k == 5);                           // null counts as omitted
+  CHECK(spec->params.top_p == 1.0f);                        // no default configured: OpenAI's
+  json chat = json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":3})");
+  tessera::server::apply_request_defaults(d, ApiKind::kChat, &chat);
+  auto chat_spec = parse_generation_request(chat, ApiKind::kChat, &e);
+  REQUIRE(chat_spec);
+  CHECK(chat_spec->params.max_tokens == 3);
 }
 
 TEST_CASE("chat requests: messages, content parts, chat-style logprobs") {

@@ -229,8 +229,6 @@ bool reject_unsupported(Reader& r, ApiKind kind, int32_t n) {
       return r.fail("response_format", "only {\"type\": \"text\"} is supported");
   }
   if (kind == ApiKind::kCompletion) {
-    if (const json* v = r.find("echo"); v && !(v->is_boolean() && !v->get<bool>()))
-      return r.fail("echo", "is not supported");
     if (const json* v = r.find("suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
       return r.fail("suffix", "is not supported");
     if (const json* v = r.find("best_of"); v && !(v->is_number_integer() && v->get<int64_t>() == n))
@@ -260,7 +258,8 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
 
   int64_t i = 0;
   bool given = false;
-  if (!r.integer("max_tokens", 1, 1 << 24, &i, &given)) return std::nullopt;
+  // Completions take 0 with echo: the prompt is only evaluated (lm-eval's loglikelihood).
+  if (!r.integer("max_tokens", kind == ApiKind::kCompletion ? 0 : 1, 1 << 24, &i, &given)) return std::nullopt;
   if (given) spec.params.max_tokens = static_cast<int32_t>(i);
   if (kind == ApiKind::kChat) {
     bool completion_given = false;
@@ -312,6 +311,13 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
       spec.logprobs = true;
       spec.top_logprobs = static_cast<int32_t>(i);
     }
+    if (!r.boolean("echo", &spec.echo)) return std::nullopt;
+    if (spec.max_tokens_given && spec.params.max_tokens == 0 && !spec.echo)
+      return r.fail("max_tokens", "0 is only allowed with echo: true (nothing would be returned)"), std::nullopt;
+    if (spec.echo && spec.logprobs && spec.stream)
+      return r.fail("echo", "with logprobs is not supported when streaming; send stream: false"), std::nullopt;
+    if (spec.echo && spec.logprobs) spec.prompt_logprobs = spec.top_logprobs;
+    else if (spec.max_tokens_given && spec.params.max_tokens == 0) spec.prompt_logprobs = 0;
   } else {
     // Chat: `logprobs: true` plus `top_logprobs: N`.
     if (!r.boolean("logprobs", &spec.logprobs)) return std::nullopt;
@@ -324,6 +330,25 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
   spec.params.num_logprobs = spec.top_logprobs;
   if (!reject_unsupported(r, kind, spec.n)) return std::nullopt;
   return spec;
+}
+
+void apply_request_defaults(const RequestDefaults& d, ApiKind kind, json* body) {
+  const auto absent = [&](const char* key) {
+    auto it = body->find(key);
+    return it == body->end() || it->is_null();
+  };
+  const auto set = [&](const char* key, const auto& value) {
+    if (value && absent(key)) (*body)[key] = *value;
+  };
+  set("temperature", d.temperature);
+  set("top_p", d.top_p);
+  set("top_k", d.top_k);
+  set("min_p", d.min_p);
+  set("presence_penalty", d.presence_penalty);
+  set("frequency_penalty", d.frequency_penalty);
+  set("repetition_penalty", d.repetition_penalty);
+  // Chat's newer name for max_tokens counts as giving it.
+  if (kind == ApiKind::kCompletion || absent("max_completion_tokens")) set("max_tokens", d.max_tokens);
 }
 
 bool parse_chat_messages(const json& body, std::vector<ChatMessage>* messages, ApiError* error) {

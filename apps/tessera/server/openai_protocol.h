@@ -4,7 +4,7 @@
 // Policy on fields (documented in docs/server.md): like OpenAI, unknown fields are ignored so
 // that newer clients keep working; known fields with a wrong type or out of range are a 400
 // naming the field; known fields whose feature this server lacks (tools, response_format
-// other than text, logit_bias, echo, suffix, best_of > n) are a 400 too, rather than
+// other than text, logit_bias, suffix, best_of > n) are a 400 too, rather than
 // silently producing something the client did not ask for.
 #pragma once
 
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tessera/chat_template.h"
+#include "tessera/config.h"
 #include "tessera/sdk/types.h"
 
 namespace tessera::server {
@@ -56,7 +57,17 @@ struct GenerationSpec {
   bool include_usage = false;    // stream_options.include_usage
   bool logprobs = false;         // report logprobs of chosen tokens
   int32_t top_logprobs = 0;      // and this many alternatives per token
+  // Completions: the prompt is prepended to each choice's text (and, with logprobs, its
+  // tokens to the logprobs: the first one with null, as at OpenAI).
+  bool echo = false;
+  // What the engine computes for each prompt (GenerationRequest::prompt_logprobs): -1 none,
+  // else the alternatives per prompt token. Set with echo + logprobs, and for max_tokens 0.
+  int32_t prompt_logprobs = -1;
 };
+
+// server.defaults: each sampling field the body omits (absent or null) is set to the
+// configured default, so it is validated and applied as if the client had sent it.
+void apply_request_defaults(const RequestDefaults& defaults, ApiKind kind, nlohmann::json* body);
 
 // Parses a JSON body already known to be an object. Returns std::nullopt and fills *error on
 // the first problem found.

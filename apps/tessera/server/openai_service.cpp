@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -112,6 +113,32 @@ std::shared_ptr<spdlog::logger> access_logger() {
   return logger;
 }
 
+// echo: what each choice of a prompt starts with.
+struct PromptEcho {
+  std::string text;                 // the prompt text, prepended to each choice's text
+  std::vector<TokenId> ids;
+  std::vector<size_t> offsets;      // where each prompt token's text starts in `text`
+  std::vector<SampledToken> logprobs;  // from the engine: entry i is prompt token i + 1
+};
+
+// The prompt text (as given, or the tokens' text for a token-id prompt) and where each
+// prompt token's text starts in it. A BOS the tokenizer added to a text prompt has no text.
+PromptEcho make_echo(const Tokenizer& tok, const std::vector<TokenId>& ids, const std::string* given_text) {
+  PromptEcho echo;
+  echo.ids = ids;
+  StreamingDetokenizer detok(tok, /*render_special=*/true);
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    echo.offsets.push_back(text.size());
+    if (i == 0 && given_text && tok.add_bos() && ids[0] == tok.bos_id()) continue;
+    text += detok.push(ids[i]);
+  }
+  text += detok.flush();
+  echo.text = given_text ? *given_text : std::move(text);
+  for (size_t& o : echo.offsets) o = std::min(o, echo.text.size());
+  return echo;
+}
+
 }  // namespace
 
 // One generation request from arrival to its last byte. Touched only on the io thread.
@@ -142,6 +169,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     FinishReason reason = FinishReason::kNone;
     std::string error;
     RequestTimings timings;  // only with finished
+    std::vector<SampledToken> prompt_logprobs;
   };
 
   OpenAiService* service = nullptr;
@@ -158,6 +186,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   std::vector<int32_t> prompt_tokens_each;
   std::vector<int32_t> cached_each;
   std::vector<Choice> choices;
+  std::vector<PromptEcho> echoes;  // per prompt, with spec.echo
   int32_t engine_open = 0;    // samples the engine has not finished, all prompts
   std::vector<char> cancel_sent;  // per prompt: Engine::cancel was called for it
   bool responded = false;     // the answer is complete, or the client is gone
@@ -189,6 +218,8 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     auto& cached = cached_each[static_cast<size_t>(ev.prompt)];
     cached = std::max(cached, ev.cached_prompt_tokens);
     if (ttft_ms < 0 && !ev.tokens.empty()) ttft_ms = ms_since(access.start);
+    if (!ev.prompt_logprobs.empty() && spec.echo)
+      echoes[static_cast<size_t>(ev.prompt)].logprobs = std::move(ev.prompt_logprobs);
     std::string released;
     if (!c.finished) {
       for (const SampledToken& t : ev.tokens) {
@@ -348,8 +379,11 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     return b;
   }
 
-  // Logprobs of tokens [from, to) of a choice, in the shape of the endpoint.
-  json logprobs_json(const Choice& c, size_t from, size_t to, size_t text_base) const {
+  // Logprobs of tokens [from, to) of a choice, in the shape of the endpoint; with `echo`
+  // (completions), the prompt's tokens come first, the first one with null (nothing
+  // precedes it), and text offsets count from the start of the echoed prompt.
+  json logprobs_json(const Choice& c, size_t from, size_t to, size_t text_base,
+                     const PromptEcho* echo = nullptr) const {
     if (!spec.logprobs) return nullptr;
     if (chat()) {
       json content = json::array();
@@ -367,6 +401,19 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     }
     json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
          offsets = json::array();
+    if (echo) {
+      for (size_t i = 0; i < echo->ids.size(); ++i) {
+        tokens.push_back(tokenizer().token_to_piece(echo->ids[i], /*render_special=*/true));
+        offsets.push_back(echo->offsets[i]);
+        const SampledToken* lp = i > 0 && i <= echo->logprobs.size() ? &echo->logprobs[i - 1] : nullptr;
+        token_logprobs.push_back(lp ? json(lp->logprob) : json(nullptr));
+        json top = lp ? json::object() : json(nullptr);
+        if (lp)
+          for (const auto& alt : lp->top) top[tokenizer().token_to_piece(alt.token, true)] = alt.logprob;
+        top_logprobs.push_back(top);
+      }
+      text_base += echo->text.size();
+    }
     for (size_t i = from; i < to; ++i) {
       const auto& rec = c.tokens[i];
       tokens.push_back(token_text(rec.token.token));
@@ -391,14 +438,16 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     json out_choices = json::array();
     for (size_t i = 0; i < choices.size(); ++i) {
       const Choice& c = choices[i];
-      json lp = logprobs_json(c, 0, kept_tokens(c), 0);
+      const PromptEcho* echo = spec.echo ? &echoes[i / static_cast<size_t>(spec.n)] : nullptr;
+      json lp = logprobs_json(c, 0, kept_tokens(c), 0, echo);
       if (chat()) {
         out_choices.push_back({{"index", i},
                                {"message", {{"role", "assistant"}, {"content", c.text}}},
                                {"logprobs", lp},
                                {"finish_reason", c.finish_reason}});
       } else {
-        out_choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+        out_choices.push_back({{"index", i}, {"text", echo ? echo->text + c.text : c.text}, {"logprobs", lp},
+                               {"finish_reason", c.finish_reason}});
       }
     }
     json body = {{"id", id},
@@ -453,7 +502,17 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   void start_stream() {
     channel->start_stream(http::status::ok, "text/event-stream");
     service->metrics_.count_request(endpoint, 200);
-    if (!chat()) return;
+    if (!chat()) {
+      // echo: each choice's stream opens with its prompt (echo with logprobs is not streamed).
+      if (!spec.echo) return;
+      for (size_t i = 0; i < choices.size(); ++i) {
+        json j = chunk_base();
+        j["choices"] = json::array({{{"index", i}, {"text", echoes[i / static_cast<size_t>(spec.n)].text},
+                                     {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+        send_event(j);
+      }
+      return;
+    }
     // Chat streams open each choice with the assistant role, as OpenAI does.
     for (size_t i = 0; i < choices.size(); ++i) {
       json j = chunk_base();
@@ -809,6 +868,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   auto body = read_json_object(req, channel, endpoint);
   if (!body) return;
   ApiError error;
+  apply_request_defaults(config_.defaults, chat ? ApiKind::kChat : ApiKind::kCompletion, &*body);
   auto spec = parse_generation_request(*body, chat ? ApiKind::kChat : ApiKind::kCompletion, &error);
   if (!spec) return bad_request(error.message, error.param);
   if (spec->model != model_id_)
@@ -870,6 +930,11 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     c.filter = std::make_unique<StopStringFilter>(spec->stop);
   }
   call->spec = std::move(*spec);
+  if (call->spec.echo)
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const PromptInput& in = call->spec.prompts[p];
+      call->echoes.push_back(make_echo(tok, prompts[p], in.text ? &*in.text : nullptr));
+    }
 
   auto executor = channel->executor();
   int64_t submitted_tokens = 0;
@@ -884,6 +949,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
           chat ? std::max(1, engine_.max_context() - prompt_len) : kCompletionDefaultMaxTokens;
     }
     greq.n = call->spec.n;
+    greq.prompt_logprobs = call->spec.prompt_logprobs;
     const int32_t prompt_index = static_cast<int32_t>(p);
     greq.on_event = [call, executor, prompt_index](const GenerationEvent& ev) {
       // Engine thread: copy what the io thread needs and hand it over.
@@ -896,6 +962,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
       e.reason = ev.finish_reason;
       if (!ev.error.is_ok()) e.error = ev.error.message();
       if (ev.finished && ev.timings) e.timings = *ev.timings;
+      e.prompt_logprobs = ev.prompt_logprobs;
       boost::asio::post(executor, [call, e = std::move(e)]() mutable {
         try {
           call->on_event(std::move(e));

@@ -48,6 +48,13 @@ struct ModelConfig {
   int context_length = 0;   // 0: the model's, capped at 4096
 };
 
+// `server.defaults`: sampling parameters a request gets when it omits them (each unset key
+// keeps the OpenAI default). Same ranges and meaning as the request fields (docs/server.md).
+struct RequestDefaults {
+  std::optional<double> temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
+  std::optional<int> top_k, max_tokens;
+};
+
 // The `server:` section (`tessera serve`). Sizes in bytes, durations in seconds.
 struct ServerConfig {
   std::string host = "127.0.0.1";
@@ -61,6 +68,7 @@ struct ServerConfig {
   double write_timeout = 30;             // a client must accept each write within this
   int max_queued_requests = 256;         // requests held at once (running + waiting); more get 429
   double shutdown_timeout = 10;          // on SIGTERM/SIGINT, in-flight requests get this long
+  RequestDefaults defaults;              // server.defaults
 };
 
 struct StackConfig {

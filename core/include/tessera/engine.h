@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -74,6 +75,11 @@ struct GenerationEvent {
   int32_t num_draft_tokens = 0;
   int32_t num_accepted_draft_tokens = 0;
   const RequestTimings* timings = nullptr;  // valid during the callback
+  // Requests with prompt_logprobs: entry i is prompt token i + 1 given tokens 0..i (its
+  // logprob and top alternatives from the raw logits; token 0 has none). Delivered once, in
+  // choice 0's first event after the prompt is computed (with its first token, or with the
+  // finish when max_tokens is 0).
+  std::vector<SampledToken> prompt_logprobs;
 };
 
 using EventCallback = std::function<void(const GenerationEvent&)>;
@@ -83,8 +89,15 @@ struct GenerationRequest {
   SamplingParams params;
   int32_t n = 1;          // independent samples sharing the prompt (forked after prefill)
   int32_t priority = 0;
+  // vLLM's prompt_logprobs: -1 none; N >= 0 reports every prompt token's logprob (given the
+  // tokens before it) with its N most likely alternatives, computed in the prefill pass
+  // (logits of every prompt position are kept for this request only). Such a request skips
+  // the prefix cache (a cached prefix has no logits) and may set params.max_tokens to 0:
+  // the prompt is evaluated and nothing is generated.
+  int32_t prompt_logprobs = -1;
   EventCallback on_event;
 };
+
 
 // Longest draft the engine verifies per sequence and step (num_draft_tokens at most this).
 inline constexpr int32_t kMaxDraftTokens = 32;
@@ -149,6 +162,7 @@ class Engine {
  private:
   struct Request;
   struct Sequence;
+  class PromptLogprobsKvView;
 
   // The phases of step(), in order.
   void drain_inbox();
@@ -160,6 +174,8 @@ class Engine {
   void build_batch();
   Status forward();
   void sample_batch();
+  // Requests with prompt_logprobs: the logprobs of the prompt tokens this chunk's rows predict.
+  void record_prompt_logprobs(Sequence& seq, const RunnerSequence& rs, const float* first_row);
   void propose_drafts();
   void adapt_draft_lengths();  // adaptive_drafts: cut or drop each candidate's drafts
   void release_finished();
@@ -192,6 +208,9 @@ class Engine {
   int32_t max_context_ = 0;
   KvLayout kv_layout_;
   std::unique_ptr<ForwardRunner> runner_;  // the backend's, or the core ModelRunner
+  // What the scheduler sees of the KV cache: the configured one, with no prefix hits for
+  // sequences that need prompt logits.
+  std::unique_ptr<PromptLogprobsKvView> scheduler_kv_;
 
   // Owned state, touched only on the engine thread.
   std::map<SeqId, std::unique_ptr<Sequence>> sequences_;
@@ -205,6 +224,7 @@ class Engine {
   std::vector<SeqId> finished_;
   // Per-step scratch, reused so the steady-state step does not allocate.
   std::vector<SampledToken> sampled_, emitted_;
+  std::vector<TokenId> logprob_index_;
   std::vector<float> fork_row_;
   std::vector<std::span<float>> verify_rows_;
   std::vector<DraftRequest> draft_requests_;

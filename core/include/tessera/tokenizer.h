@@ -84,6 +84,12 @@ class Tokenizer {
   const std::string& model_name() const { return model_; }        // "gpt2" / "llama"
   const std::string& pre_tokenizer() const { return pre_; }       // e.g. "smollm"
   const std::string& chat_template() const { return chat_template_; }  // "" if none
+  bool ignore_merges() const { return ignore_merges_; }            // whole-word vocabulary hits first
+  int32_t pad_id() const { return pad_id_; }  // -1 if none
+  // The byte-level BPE pre-tokenizer as regular expressions in the order they apply (each
+  // isolates its matches; text between matches stays a piece), in the syntax of Hugging Face
+  // tokenizers' Split step (Oniguruma). Empty for SPM vocabularies.
+  std::vector<std::string> pre_tokenizer_regexes() const;
 
  private:
   Tokenizer();

@@ -912,3 +912,44 @@ std::string StreamingDetokenizer::flush() {
 }
 
 }  // namespace tessera
+
+namespace tessera {
+
+// llama.cpp's regexes for the splitters (llama-vocab.cpp), which Hugging Face tokenizers'
+// Split(Isolated) runs with the same meaning.
+std::vector<std::string> Tokenizer::pre_tokenizer_regexes() const {
+  std::vector<std::string> out;
+  if (kind_ != Kind::kBpe) return out;
+  for (const unicode::SplitRule& r : split_rules_) {
+    switch (r.kind) {
+      case unicode::SplitRule::Kind::kGpt2:
+        out.push_back(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))");
+        break;
+      case unicode::SplitRule::Kind::kLlama3:
+        out.push_back(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,)" + std::to_string(r.max_len) +
+                      R"(}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)");
+        break;
+      case unicode::SplitRule::Kind::kClassRun: {
+        std::string cls;
+        const std::pair<uint16_t, const char*> kClasses[] = {
+            {unicode::kNumber, "\\p{N}"},      {unicode::kLetter, "\\p{L}"},      {unicode::kSeparator, "\\p{Z}"},
+            {unicode::kAccentMark, "\\p{M}"},  {unicode::kPunctuation, "\\p{P}"}, {unicode::kSymbol, "\\p{S}"},
+            {unicode::kControl, "\\p{C}"},     {unicode::kWhitespace, "\\s"}};
+        for (const auto& [flag, name] : kClasses)
+          if (r.class_flags & flag) cls += name;
+        for (char c : r.class_ascii) {
+          if (std::string_view("\\^$.|?*+()[]{}-").find(c) != std::string_view::npos) cls += '\\';
+          cls += c;
+        }
+        std::string rep = r.max_len == SIZE_MAX ? (r.min_len == 1 ? "+" : "{" + std::to_string(r.min_len) + ",}")
+                          : r.min_len == r.max_len ? (r.min_len == 1 ? "" : "{" + std::to_string(r.min_len) + "}")
+                                                   : "{" + std::to_string(r.min_len) + "," + std::to_string(r.max_len) + "}";
+        out.push_back("[" + cls + "]" + rep);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera
