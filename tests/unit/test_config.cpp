@@ -537,7 +537,7 @@ gateway:
                               "plugin's name; registered: contiguous, paged)"));
   CHECK(has_issue(issues, f + ":6:21: engine.drafter: plugin 'test-abi-mismatch' could not be "
                               "loaded: libtessera-test-abi-mismatch.so: built for Tessera SDK ABI "
-                              "3.0, this host implements ABI 2.0 (the major versions must match)"));
+                              "3.0, this host implements ABI 2.1 (the major versions must match)"));
   CHECK(has_issue(issues, f + ":7:14: engine.attention: expected a plugin slot {plugin: NAME, "
                               "...parameters}, got \"naive\""));
   CHECK(has_issue(issues, f + ":9:20: gateway.cache[0]: unknown cache_layer plugin 'redis'; "
