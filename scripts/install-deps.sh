@@ -25,9 +25,11 @@ if ((${#missing[@]})); then
 fi
 
 # Python packages the server tests and bench/load_test.py use (pinned): the official OpenAI
-# client, httpx, and prometheus_client (its text parser checks /metrics). Installed only when
-# missing or at another version.
-python_packages=(openai==2.8.1 httpx==0.28.1 prometheus-client==0.21.1)
+# client, httpx, prometheus_client (its text parser checks /metrics), and for structured
+# output and tool calls jsonschema (validates the answers) and LangChain's OpenAI client with
+# the langchain-core and pydantic it runs on. Installed only when missing or at another version.
+python_packages=(openai==2.8.1 httpx==0.28.1 prometheus-client==0.21.1 jsonschema==4.26.0
+                 langchain-openai==1.1.0 langchain-core==1.8.3 pydantic==2.13.4)
 if ! python3 - "${python_packages[@]}" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version
