@@ -650,11 +650,19 @@ Status Engine::mask_row(ConstraintMatcher& matcher, float* row) {
   if (!st.is_ok()) return Status(st.code(), "constraint: " + st.message());
   const int32_t vocab = runner_->vocab_size();
   bool any = false;
-  for (int32_t t = 0; t < vocab; ++t) {
-    if ((mask_words_[static_cast<size_t>(t) >> 5] >> (t & 31)) & 1u) {
+  // A word at a time: inside strings most words allow all 32 tokens, at structural positions
+  // most allow none.
+  for (int32_t base = 0; base < vocab; base += 32) {
+    const uint32_t word = mask_words_[static_cast<size_t>(base) >> 5];
+    const int32_t n = std::min(32, vocab - base);
+    if (word == ~0u) {
       any = true;
+    } else if (word == 0) {
+      std::fill(row + base, row + base + n, -INFINITY);
     } else {
-      row[t] = -INFINITY;
+      any = true;
+      for (int32_t b = 0; b < n; ++b)
+        if (!((word >> b) & 1u)) row[base + b] = -INFINITY;
     }
   }
   ++stats_.num_masked_rows;
