@@ -127,7 +127,8 @@ class JsonSchemaConstraint final : public Constraint {
     v->bytes.assign(vocabulary.token_bytes.begin(), vocabulary.token_bytes.end());
     v->end_tokens.assign(vocabulary.end_tokens.begin(), vocabulary.end_tokens.end());
     std::sort(v->end_tokens.begin(), v->end_tokens.end());
-    v->trie = std::make_shared<const TokenTrie>(v->bytes);
+    // The trie is built by the first compile: stacks that never see a constrained request
+    // do not pay for it.
     std::lock_guard<std::mutex> lock(mutex_);
     vocab_ = std::move(v);
     compiled_.clear();
@@ -141,6 +142,11 @@ class JsonSchemaConstraint final : public Constraint {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!vocab_) return internal_error("compile before set_vocabulary");
+      if (!vocab_->trie) {
+        auto v = std::make_shared<Vocabulary>(*vocab_);
+        v->trie = std::make_shared<const TokenTrie>(v->bytes);
+        vocab_ = std::move(v);
+      }
       vocab = vocab_;
       if (auto it = compiled_.find(key); it != compiled_.end()) {
         order_.splice(order_.begin(), order_, it->second.second);
