@@ -27,11 +27,14 @@ fi
 # Python packages the server tests and bench/load_test.py use (pinned): the official OpenAI
 # client, httpx, and prometheus_client (its text parser checks /metrics); the clients of
 # issue 16: lm-eval (with its API extra; transformers loads the exported tokenizer for it),
-# tokenizers (reads `tessera tokenizer export`'s tokenizer.json) and langchain-openai (1.1.0:
-# the newest that accepts openai 2.8.1). Installed only when missing or at another version
-# (lm-eval and its dependencies: about 5 minutes on a fresh machine).
+# tokenizers (reads `tessera tokenizer export`'s tokenizer.json), jsonschema (validates
+# structured answers) and LangChain's OpenAI client with the langchain-core and pydantic it
+# runs on (langchain-openai 1.1.0: the newest that accepts openai 2.8.1). Installed only when
+# missing or at another version (lm-eval and its dependencies: about 5 minutes on a fresh
+# machine).
 python_packages=(openai==2.8.1 httpx==0.28.1 prometheus-client==0.21.1
-                 lm-eval==0.4.13 tokenizers==0.23.3 transformers==5.24.0 langchain-openai==1.1.0)
+                 lm-eval==0.4.13 tokenizers==0.23.3 transformers==5.24.0 jsonschema==4.26.0
+                 langchain-openai==1.1.0 langchain-core==1.8.3 pydantic==2.13.4)
 if ! python3 - "${python_packages[@]}" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version

@@ -132,6 +132,20 @@ double kv_block_bytes(const StackConfig& config, const Engine& engine);
 // worse (latencies, waste, preemptions), 0 when it only describes the run (counts, sizes).
 int metric_direction(const std::string& metric);
 
+// Step times of `batch` greedy sequences decoding together (ignore_eos, `prompt_tokens`-token
+// text prompts from `seed`, each under `constraint` when not null): the engine is stepped on
+// this thread and only steps that were one pure decode batch are timed, `steps` of them; the
+// requests are cancelled after. Throws CommandError naming `command` when the batch never
+// forms. Used by `roofline` and `constrained`.
+struct DecodeSteps {
+  std::vector<double> step_ms;
+  double constraint_seconds = 0;  // EngineStats::constraint_seconds over the timed steps
+  uint64_t masked_rows = 0;
+};
+DecodeSteps time_decode_steps(Engine& engine, const Tokenizer& tok, int batch, int steps, int prompt_tokens,
+                              uint64_t seed, const std::shared_ptr<const CompiledConstraint>& constraint,
+                              const std::string& command);
+
 // ---- reports ----------------------------------------------------------------------------
 
 void print_table(const std::vector<std::string>& header,

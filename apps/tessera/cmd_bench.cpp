@@ -17,7 +17,8 @@
 
 namespace tessera::cli {
 namespace bench {
-void add_serve_subcommand(CLI::App& bench);  // bench_serve.cpp
+void add_serve_subcommand(CLI::App& bench);        // bench_serve.cpp
+void add_constrained_subcommand(CLI::App& bench);  // bench_constrained.cpp
 }  // namespace bench
 
 namespace {
@@ -304,6 +305,51 @@ void run_ab(const AbOptions& opt) {
                               bars, 1.0)});
 }
 
+}  // namespace
+
+// Submit B short prompts that generate long enough, skip the steps that carry prompt tokens,
+// time `steps` pure decode steps, then cancel.
+bench::DecodeSteps bench::time_decode_steps(Engine& engine, const Tokenizer& tok, int batch, int steps,
+                                            int prompt_tokens, uint64_t seed,
+                                            const std::shared_ptr<const CompiledConstraint>& constraint,
+                                            const std::string& command) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < batch; ++i) {
+    GenerationRequest req;
+    req.prompt = text_like_tokens(tok, prompt_tokens, seed + static_cast<uint64_t>(i));
+    req.params.temperature = 0;
+    req.params.max_tokens = steps + 16;  // more than the steps timed: nobody finishes early
+    req.params.ignore_eos = true;
+    req.constraint = constraint;
+    req.on_event = [](const GenerationEvent&) {};
+    uint64_t id = 0;
+    Status st = engine.submit(std::move(req), &id);
+    if (!st.is_ok()) throw CommandError(command + ": " + st.message());
+    ids.push_back(id);
+  }
+  DecodeSteps d;
+  for (int guard = 0; static_cast<int>(d.step_ms.size()) < steps && guard < steps + 64; ++guard) {
+    const EngineStats before = engine.stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.step();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const EngineStats s = engine.stats();
+    if (s.last_batch_size == batch && s.last_batch_tokens == batch) {
+      d.step_ms.push_back(ms);
+      d.constraint_seconds += s.constraint_seconds - before.constraint_seconds;
+      d.masked_rows += s.num_masked_rows - before.num_masked_rows;
+    }
+  }
+  for (uint64_t id : ids) engine.cancel(id);
+  engine.run_until_idle();
+  if (d.step_ms.empty())
+    throw CommandError(command + ": batch " + std::to_string(batch) +
+                       " never ran as one decode batch (scheduler max_num_seqs or KV memory too small?)");
+  return d;
+}
+
+namespace {
+
 // ---- roofline ---------------------------------------------------------------------------
 
 struct RooflineOptions {
@@ -320,38 +366,12 @@ struct BatchPoint {
   double tokens_per_s = 0;
 };
 
-// Step times of B sequences all decoding: submit B short prompts that generate long enough,
-// skip the steps that carry prompt tokens, time `steps` pure decode steps, then cancel.
+// Step times of B sequences all decoding (time_decode_steps).
 BatchPoint measure_batch(Engine& engine, const Tokenizer& tok, int batch, int steps) {
-  std::vector<uint64_t> ids;
-  for (int i = 0; i < batch; ++i) {
-    GenerationRequest req;
-    req.prompt = text_like_tokens(tok, 8, 1000 + i);
-    req.params.temperature = 0;
-    req.params.max_tokens = steps + 16;  // more than the steps timed: nobody finishes early
-    req.params.ignore_eos = true;
-    req.on_event = [](const GenerationEvent&) {};
-    uint64_t id = 0;
-    Status st = engine.submit(std::move(req), &id);
-    if (!st.is_ok()) throw CommandError("bench roofline: " + st.message());
-    ids.push_back(id);
-  }
-  std::vector<double> times;
-  for (int guard = 0; static_cast<int>(times.size()) < steps && guard < steps + 64; ++guard) {
-    const auto t0 = std::chrono::steady_clock::now();
-    engine.step();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const EngineStats s = engine.stats();
-    if (s.last_batch_size == batch && s.last_batch_tokens == batch) times.push_back(ms);
-  }
-  for (uint64_t id : ids) engine.cancel(id);
-  engine.run_until_idle();
-  if (times.empty())
-    throw CommandError("bench roofline: batch " + std::to_string(batch) +
-                       " never ran as one decode batch (scheduler max_num_seqs or KV memory too small?)");
+  const DecodeSteps d = time_decode_steps(engine, tok, batch, steps, 8, 1000, nullptr, "bench roofline");
   BatchPoint p;
   p.batch = batch;
-  p.step_ms = summarize(times);
+  p.step_ms = summarize(d.step_ms);
   p.tokens_per_s = batch / (p.step_ms.p50 / 1e3);
   return p;
 }
@@ -516,6 +536,7 @@ void add_bench_command(CLI::App& app) {
   cm->callback([mk] { run_make_workload(*mk); });
 
   bench::add_serve_subcommand(*bench);
+  bench::add_constrained_subcommand(*bench);
 }
 
 }  // namespace tessera::cli

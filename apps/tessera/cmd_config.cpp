@@ -83,7 +83,7 @@ void run_config_check(const ConfigCheckOptions& options) {
 
   static constexpr PluginKind kOrder[] = {
       PluginKind::kBackend,   PluginKind::kScheduler, PluginKind::kKvCache, PluginKind::kAttention,
-      PluginKind::kQuantizer, PluginKind::kSampler,   PluginKind::kDrafter};
+      PluginKind::kQuantizer, PluginKind::kSampler,   PluginKind::kDrafter, PluginKind::kConstraint};
   for (PluginKind kind : kOrder) {
     const std::string key = std::string("engine.") + plugin_kind_name(kind);
     auto it = config.engine.find(kind);

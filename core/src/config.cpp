@@ -66,6 +66,7 @@ const char* default_engine_plugin(PluginKind kind) {
     case PluginKind::kQuantizer: return "gguf";
     case PluginKind::kSampler: return "standard";
     case PluginKind::kDrafter: return nullptr;
+    case PluginKind::kConstraint: return "json-schema";
     case PluginKind::kCacheLayer:
     case PluginKind::kRouter: return nullptr;
   }
@@ -755,8 +756,14 @@ std::map<std::string, ParamValue> validate_params(const PluginManifest& manifest
 
 constexpr PluginKind kEngineKinds[] = {
     PluginKind::kBackend,   PluginKind::kScheduler, PluginKind::kKvCache, PluginKind::kAttention,
-    PluginKind::kQuantizer, PluginKind::kSampler,   PluginKind::kDrafter,
+    PluginKind::kQuantizer, PluginKind::kSampler,   PluginKind::kDrafter, PluginKind::kConstraint,
 };
+
+// Slots a stack runs without: `plugin: none` switches them off, and a missing default plugin
+// leaves them off rather than failing the file.
+bool engine_slot_is_optional(PluginKind kind) {
+  return kind == PluginKind::kDrafter || kind == PluginKind::kConstraint;
+}
 
 class StackValidator {
  public:
@@ -932,7 +939,7 @@ class StackValidator {
     const TreeEntry* engine = root.find("engine");
     if (engine && !check_keys(engine->value, "engine",
                               {"backend", "scheduler", "kv_cache", "attention", "quantizer",
-                               "sampler", "drafter"}))
+                               "sampler", "drafter", "constraint"}))
       return;
     for (PluginKind kind : kEngineKinds) {
       const std::string path = std::string("engine.") + plugin_kind_name(kind);
@@ -940,7 +947,7 @@ class StackValidator {
       if (entry) {
         bool off = false;
         auto slot = validate_slot(entry->value, Position{entry->key_file, entry->key_mark}, kind,
-                                  path, kind == PluginKind::kDrafter, &off);
+                                  path, engine_slot_is_optional(kind), &off);
         if (slot) config->engine[kind] = std::move(*slot);
         continue;
       }
@@ -949,6 +956,7 @@ class StackValidator {
       const PluginInfo* info = registry_.find(kind, default_name);
       Position where = engine ? Position{engine->key_file, engine->key_mark}
                               : Position{top_file_, YAML::Mark::null_mark()};
+      if (!info && engine_slot_is_optional(kind)) continue;
       if (!info) {
         // The stack cannot run without it, so say so now rather than at startup.
         issues_.add(where, path,

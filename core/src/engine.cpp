@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -34,6 +35,7 @@ struct Engine::Sequence {
   int32_t pending_forks = 0;    // children to fork when the prompt is done (n > 1)
   int32_t num_cached_prompt_tokens = 0;
   SamplerState sampler_state;
+  std::unique_ptr<ConstraintMatcher> matcher;  // structured output; null: unconstrained
   Draft draft;                   // the pending drafts (tokens also at the end of `tokens`)
   AcceptanceEstimate acceptance;  // of this sequence's drafts, for adaptive drafting
   int32_t num_draft_tokens_fed = 0;      // for GenerationEvent
@@ -139,6 +141,31 @@ Engine::Engine(EngineComponents components) : components_(std::move(components))
   verify_rows_.reserve(kMaxDraftTokens + 1);
   draft_requests_.reserve(max_seqs);
   draft_sequences_.reserve(max_seqs);
+  if (c.constraint) {
+    // The constraint sees each token as the bytes it adds to the output.
+    const Tokenizer& tok = c.model->tokenizer();
+    std::vector<std::string> bytes(static_cast<size_t>(runner_->vocab_size()));
+    for (int32_t t = 0; t < tok.vocab_size() && t < runner_->vocab_size(); ++t)
+      bytes[static_cast<size_t>(t)] = tok.token_to_piece(t, /*render_special=*/false);
+    std::vector<TokenId> ends(tok.end_of_generation_ids().begin(), tok.end_of_generation_ids().end());
+    std::sort(ends.begin(), ends.end());
+    st = c.constraint->set_vocabulary(ConstraintVocabulary{bytes, ends});
+    if (!st.is_ok()) throw std::runtime_error("engine.constraint: " + st.message());
+    mask_words_.resize((static_cast<size_t>(runner_->vocab_size()) + 31) / 32);
+  }
+}
+
+Status Engine::compile_constraint(const ConstraintSpec& spec,
+                                  std::shared_ptr<const CompiledConstraint>* out) const {
+  if (!components_.constraint)
+    return unimplemented("this engine has no constraint plugin (engine.constraint is off)");
+  try {
+    Status st = components_.constraint->compile(spec, out);
+    if (st.is_ok() && !*out) return internal_error("constraint: compile returned no object");
+    return st;
+  } catch (const std::exception& e) {
+    return internal_error(std::string("constraint: ") + e.what());
+  }
 }
 
 Engine::~Engine() { stop(); }
@@ -147,6 +174,8 @@ Status Engine::submit(GenerationRequest request, uint64_t* request_id) {
   const int32_t vocab = components_.model->hparams().vocab_size;
   const auto prompt_len = static_cast<int64_t>(request.prompt.size());
   if (request.prompt.empty()) return invalid_argument("prompt: must contain at least one token");
+  if (request.constraint && !components_.constraint)
+    return unimplemented("this engine has no constraint plugin (engine.constraint is off)");
   for (TokenId t : request.prompt)
     if (t < 0 || t >= vocab)
       return invalid_argument("prompt: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
@@ -241,6 +270,8 @@ void Engine::admit(const std::shared_ptr<Request>& r, double t) {
     seq->pending_forks = r->spec.n - 1;
     if (r->spec.prompt_logprobs >= 0) seq->prompt_logprobs.reserve(r->spec.prompt.size());
     seq->sampler_state.rng = seed_for(r->spec.params, r->id, 0);
+    Status matcher_status;
+    if (r->spec.constraint) matcher_status = r->spec.constraint->new_matcher(&seq->matcher);
     seq->draft.tokens.reserve(components_.num_draft_tokens);
     seq->timings.arrival = t;
     // One time stamp per generated token; reserved so decode steps never grow it.
@@ -251,6 +282,7 @@ void Engine::admit(const std::shared_ptr<Request>& r, double t) {
     const SeqId id = seq->info.id;
     SequenceInfo* info = &seq->info;
     requests_[r->id] = r;
+    Sequence* ref = seq.get();
     try {
       sequences_.emplace(id, std::move(seq));
       components_.scheduler->add(info);
@@ -263,6 +295,8 @@ void Engine::admit(const std::shared_ptr<Request>& r, double t) {
       requests_.erase(r->id);
       throw;
     }
+    if (!matcher_status.is_ok())
+      finish(*ref, FinishReason::kError, Status(matcher_status.code(), "constraint: " + matcher_status.message()));
   }
 }
 
@@ -368,6 +402,8 @@ void Engine::fork_children(Sequence& parent) {
     child->sync_view();
     child->num_cached_prompt_tokens = parent.num_cached_prompt_tokens;
     child->sampler_state.rng = seed_for(parent.request->spec.params, parent.info.request_id, c);
+    // Forks happen before the first token is sampled: the parent's matcher is at its start.
+    if (parent.matcher) child->matcher = parent.matcher->clone();
     child->draft.tokens.reserve(components_.num_draft_tokens);
     child->timings = parent.timings;
     child->timings.token_times.reserve(parent.timings.token_times.capacity());
@@ -598,9 +634,17 @@ Status Engine::pick_tokens(Sequence& seq, float* first_row, std::vector<SampledT
   const int32_t num_drafts = seq.info.num_draft_tokens;
   if (num_drafts == 0) {
     out->emplace_back();
+    if (seq.matcher) {
+      Status st = mask_row(*seq.matcher, first_row);
+      if (!st.is_ok()) return st;
+    }
     SamplingInput in{&p, seq.info.tokens};
-    return components_.sampler->sample(std::span<float>(first_row, vocab), in, &seq.sampler_state,
-                                       &out->back());
+    Status st = components_.sampler->sample(std::span<float>(first_row, vocab), in, &seq.sampler_state,
+                                            &out->back());
+    if (st.is_ok() && seq.matcher && !seq.matcher->accept(out->back().token))
+      st = internal_error("constraint: the sampler picked token " + std::to_string(out->back().token) +
+                          ", which the mask excludes");
+    return st;
   }
   seq.drop_drafts(num_drafts);
   verify_rows_.clear();
@@ -608,11 +652,19 @@ Status Engine::pick_tokens(Sequence& seq, float* first_row, std::vector<SampledT
     verify_rows_.emplace_back(first_row + static_cast<size_t>(k) * vocab, vocab);
   const DraftView drafts{seq.draft.tokens, seq.draft.q};
   SamplingInput in{&p, seq.info.tokens};
-  Status st = components_.sampler->verify(verify_rows_, drafts, in, &seq.sampler_state, out);
+  Status st = seq.matcher ? mask_verify_rows(seq) : Status::ok();
+  if (st.is_ok()) st = components_.sampler->verify(verify_rows_, drafts, in, &seq.sampler_state, out);
   if (st.is_ok() && (out->empty() || out->size() > static_cast<size_t>(num_drafts) + 1))
     st = internal_error("sampler: verify of " + std::to_string(num_drafts) + " drafts returned " +
                         std::to_string(out->size()) + " tokens (expected 1.." +
                         std::to_string(num_drafts + 1) + ")");
+  if (st.is_ok() && seq.matcher)
+    for (const SampledToken& t : *out)
+      if (!seq.matcher->accept(t.token)) {
+        st = internal_error("constraint: verification kept token " + std::to_string(t.token) +
+                            ", which the mask excludes");
+        break;
+      }
   const int32_t accepted = st.is_ok() ? static_cast<int32_t>(out->size()) - 1 : 0;
   ++stats_.num_drafts;
   stats_.num_draft_tokens += num_drafts;
@@ -639,6 +691,9 @@ void Engine::commit(Sequence& seq, int32_t num_newly_computed, const Status& sta
     append_token(seq, tok, &emitted_);
     if (seq.finished) break;  // EOS, a stop token or a limit inside accepted drafts
   }
+  // The constraint allows nothing but the end now: the output is complete.
+  if (!seq.finished && seq.matcher && seq.matcher->is_complete())
+    finish(seq, FinishReason::kStop, {}, /*report_now=*/false);
   // Accepted drafts after an end are not part of the sequence: their K/V does not count.
   seq.info.num_computed_tokens = std::min(seq.info.num_computed_tokens, seq.info.num_tokens());
   components_.kv_cache->mark_computed(seq.info, seq.info.num_computed_tokens);
@@ -709,11 +764,71 @@ void Engine::propose_drafts() {
       d.clear();
       continue;
     }
+    if (seq.matcher) {
+      // Drafts the constraint would mask can never be accepted: verify only the allowed run.
+      const size_t keep = allowed_draft_prefix(seq, d.tokens);
+      if (keep < d.tokens.size()) {
+        ++stats_.num_constraint_draft_cuts;
+        if (keep == 0) {
+          components_.drafter->on_drafts_settled(seq.info.id, static_cast<int32_t>(d.tokens.size()), 0);
+          d.clear();
+          continue;
+        }
+        d.tokens.resize(keep);
+      }
+    }
     if (!d.q.empty()) d.q.resize(d.tokens.size() * static_cast<size_t>(vocab));
     seq.tokens.insert(seq.tokens.end(), d.tokens.begin(), d.tokens.end());
     seq.info.num_draft_tokens = static_cast<int32_t>(d.tokens.size());
     seq.sync_view();
   }
+}
+
+Status Engine::mask_row(ConstraintMatcher& matcher, float* row) {
+  const double t0 = now();
+  std::fill(mask_words_.begin(), mask_words_.end(), 0u);
+  Status st = matcher.fill_mask(mask_words_);
+  if (!st.is_ok()) return Status(st.code(), "constraint: " + st.message());
+  const int32_t vocab = runner_->vocab_size();
+  bool any = false;
+  // A word at a time: inside strings most words allow all 32 tokens, at structural positions
+  // most allow none.
+  for (int32_t base = 0; base < vocab; base += 32) {
+    const uint32_t word = mask_words_[static_cast<size_t>(base) >> 5];
+    const int32_t n = std::min(32, vocab - base);
+    if (word == ~0u) {
+      any = true;
+    } else if (word == 0) {
+      std::fill(row + base, row + base + n, -INFINITY);
+    } else {
+      any = true;
+      for (int32_t b = 0; b < n; ++b)
+        if (!((word >> b) & 1u)) row[base + b] = -INFINITY;
+    }
+  }
+  ++stats_.num_masked_rows;
+  stats_.constraint_seconds += now() - t0;
+  if (!any) return invalid_argument("constraint: no token of the vocabulary can continue the output");
+  return Status::ok();
+}
+
+Status Engine::mask_verify_rows(Sequence& seq) {
+  std::unique_ptr<ConstraintMatcher> walker = seq.matcher->clone();
+  for (size_t k = 0; k < verify_rows_.size(); ++k) {
+    Status st = mask_row(*walker, verify_rows_[k].data());
+    if (!st.is_ok()) return st;
+    if (k < seq.draft.tokens.size() && !walker->accept(seq.draft.tokens[k]))
+      return internal_error("constraint: draft token " + std::to_string(seq.draft.tokens[k]) +
+                            " was fed although the constraint excludes it");
+  }
+  return Status::ok();
+}
+
+size_t Engine::allowed_draft_prefix(const Sequence& seq, std::span<const TokenId> drafts) const {
+  std::unique_ptr<ConstraintMatcher> walker = seq.matcher->clone();
+  size_t n = 0;
+  while (n < drafts.size() && walker->accept(drafts[n])) ++n;
+  return n;
 }
 
 // Each candidate's max_drafts becomes what pays for it (tessera/speculation_control.h), in a

@@ -42,6 +42,8 @@ EngineComponents build_engine_components(const StackConfig& config, PluginRegist
         config.engine.at(PluginKind::kDrafter).config.get_int("num_draft_tokens", 4));
     c.adaptive_drafts = config.engine.at(PluginKind::kDrafter).config.get_bool("adaptive", false);
   }
+  if (config.engine.count(PluginKind::kConstraint))
+    c.constraint = create_slot<Constraint>(config, registry, PluginKind::kConstraint);
   c.model = Model::load(resolve_model_path(config.model.path), *c.quantizer, progress);
   c.max_context = config.model.context_length;
   return c;

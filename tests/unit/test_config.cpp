@@ -447,7 +447,7 @@ server: {host: localhost, prot: 80}
                               "expected one of: path, name, threads, context_length"));
   CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
                               "'scheduler'? expected one of: backend, scheduler, kv_cache, "
-                              "attention, quantizer, sampler, drafter"));
+                              "attention, quantizer, sampler, drafter, constraint"));
   CHECK(has_issue(issues, f + ":5:29: engine.kv_cache: unknown key 'blocksize'; did you mean "
                               "'block_size'? expected one of: plugin, memory, block_size, dtype, "
                               "prefix_caching"));
@@ -537,7 +537,7 @@ gateway:
                               "plugin's name; registered: contiguous, paged)"));
   CHECK(has_issue(issues, f + ":6:21: engine.drafter: plugin 'test-abi-mismatch' could not be "
                               "loaded: libtessera-test-abi-mismatch.so: built for Tessera SDK ABI "
-                              "3.0, this host implements ABI 2.0 (the major versions must match)"));
+                              "3.0, this host implements ABI 2.1 (the major versions must match)"));
   CHECK(has_issue(issues, f + ":7:14: engine.attention: expected a plugin slot {plugin: NAME, "
                               "...parameters}, got \"naive\""));
   CHECK(has_issue(issues, f + ":9:20: gateway.cache[0]: unknown cache_layer plugin 'redis'; "

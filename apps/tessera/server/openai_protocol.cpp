@@ -1,6 +1,7 @@
 #include "openai_protocol.h"
 
 #include "json_body.h"
+#include "structured_output.h"
 
 #include <algorithm>
 #include <cmath>
@@ -29,6 +30,8 @@ class Reader {
     if (it == body_.end() || it->is_null()) return nullptr;
     return &*it;
   }
+
+  ApiError* error() const { return error_; }
 
   bool fail(const std::string& param, const std::string& message) {
     error_->param = param;
@@ -203,15 +206,26 @@ bool parse_messages(Reader& r, GenerationSpec* spec) {
     if (role == m.end() || !role->is_string()) return r.fail(param + ".role", "expected a string");
     std::string role_name = role->get<std::string>();
     if (role_name == "developer") role_name = "system";  // OpenAI's newer name for it
-    if (role_name != "system" && role_name != "user" && role_name != "assistant")
-      return r.fail(param + ".role", "expected one of system, developer, user, assistant, got \"" + role_name + "\"");
+    if (role_name != "system" && role_name != "user" && role_name != "assistant" && role_name != "tool")
+      return r.fail(param + ".role",
+                    "expected one of system, developer, user, assistant, tool, got \"" + role_name + "\"");
     ChatMessage msg;
     msg.role = role_name;
     auto content = m.find("content");
+    auto tool_calls = m.find("tool_calls");
+    const bool has_tool_calls = role_name == "assistant" && tool_calls != m.end() && !tool_calls->is_null();
     if (content == m.end() || content->is_null()) {
-      return r.fail(param + ".content", "required");
+      if (!has_tool_calls) return r.fail(param + ".content", "required");
+    } else if (!parse_content(r, *content, i, &msg.content)) {
+      return false;
     }
-    if (!parse_content(r, *content, i, &msg.content)) return false;
+    // An assistant turn that called tools, as the model wrote it (structured_output.h).
+    if (has_tool_calls && !append_tool_call_text(*tool_calls, param + ".tool_calls", &msg.content, r.error()))
+      return false;
+    if (role_name == "tool") {
+      auto id = m.find("tool_call_id");
+      if (id == m.end() || !id->is_string()) return r.fail(param + ".tool_call_id", "expected a string");
+    }
     spec->messages.push_back(std::move(msg));
   }
   return true;
@@ -222,13 +236,15 @@ bool parse_messages(Reader& r, GenerationSpec* spec) {
 bool reject_unsupported(Reader& r, ApiKind kind, int32_t n) {
   if (const json* v = r.find("logit_bias"); v && !(v->is_object() && v->empty()))
     return r.fail("logit_bias", "is not supported");
-  if (const json* v = r.find("tools"); v && !(v->is_array() && v->empty())) return r.fail("tools", "is not supported");
-  if (r.find("functions")) return r.fail("functions", "is not supported");
-  if (const json* v = r.find("response_format")) {
-    if (!v->is_object() || v->value("type", "") != "text")
-      return r.fail("response_format", "only {\"type\": \"text\"} is supported");
-  }
+  if (r.find("functions")) return r.fail("functions", "is not supported (use tools)");
   if (kind == ApiKind::kCompletion) {
+    // Structured output and tools are chat features (structured_output.h).
+    if (const json* v = r.find("tools"); v && !(v->is_array() && v->empty()))
+      return r.fail("tools", "is only supported on /v1/chat/completions");
+    if (const json* v = r.find("response_format")) {
+      if (!v->is_object() || v->value("type", "") != "text")
+        return r.fail("response_format", "only {\"type\": \"text\"} is supported on /v1/completions");
+    }
     if (const json* v = r.find("suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
       return r.fail("suffix", "is not supported");
     if (const json* v = r.find("best_of"); v && !(v->is_number_integer() && v->get<int64_t>() == n))

@@ -3,9 +3,9 @@
 //
 // Policy on fields (documented in docs/server.md): like OpenAI, unknown fields are ignored so
 // that newer clients keep working; known fields with a wrong type or out of range are a 400
-// naming the field; known fields whose feature this server lacks (tools, response_format
-// other than text, logit_bias, suffix, best_of > n) are a 400 too, rather than
-// silently producing something the client did not ask for.
+// naming the field; known fields whose feature this server lacks (logit_bias, functions,
+// suffix, best_of > n) are a 400 too, rather than silently producing something the client
+// did not ask for. response_format and tools are read by structured_output.h.
 #pragma once
 
 #include <nlohmann/json.hpp>

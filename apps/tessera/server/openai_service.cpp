@@ -14,6 +14,7 @@
 #include "json_body.h"
 #include "openai_protocol.h"
 #include "stats.h"
+#include "structured_output.h"
 #include "tessera/chat_template.h"
 #include "tessera/tokenizer.h"
 
@@ -158,6 +159,8 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     bool engine_finished = false;
     std::string finish_reason;
     std::string error;
+    std::unique_ptr<ToolCallStream> tool_stream;  // streamed chat with tools
+    int32_t num_tool_calls_sent = 0;
   };
   // An engine event, copied off the engine thread.
   struct Event {
@@ -175,6 +178,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   OpenAiService* service = nullptr;
   uint64_t serial = 0;
   GenerationSpec spec;
+  StructuredOutput structured;  // response_format and tools (chat)
   std::shared_ptr<ResponseChannel> channel;
   std::string endpoint;
   std::string id;
@@ -441,10 +445,18 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
       const PromptEcho* echo = spec.echo ? &echoes[i / static_cast<size_t>(spec.n)] : nullptr;
       json lp = logprobs_json(c, 0, kept_tokens(c), 0, echo);
       if (chat()) {
-        out_choices.push_back({{"index", i},
-                               {"message", {{"role", "assistant"}, {"content", c.text}}},
-                               {"logprobs", lp},
-                               {"finish_reason", c.finish_reason}});
+        json message = {{"role", "assistant"}, {"content", c.text}};
+        std::string finish = c.finish_reason;
+        // Output produced under the tool-call grammar: its calls, in OpenAI's shape.
+        if (auto parsed = structured.uses_tools() ? parse_tool_calls(c.text) : std::nullopt) {
+          json list = json::array();
+          for (size_t k = 0; k < parsed->calls.size(); ++k) list.push_back(tool_call_json(k, parsed->calls[k], true));
+          // A block cut by max_tokens after complete calls stays visible as content.
+          message["content"] = parsed->rest.empty() ? json(nullptr) : json(parsed->rest);
+          message["tool_calls"] = std::move(list);
+          if (finish == "stop") finish = "tool_calls";
+        }
+        out_choices.push_back({{"index", i}, {"message", message}, {"logprobs", lp}, {"finish_reason", finish}});
       } else {
         out_choices.push_back({{"index", i}, {"text", echo ? echo->text + c.text : c.text}, {"logprobs", lp},
                                {"finish_reason", c.finish_reason}});
@@ -472,8 +484,55 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
 
   void send_event(const json& j) { channel->send_chunk("data: " + dump(j) + "\n\n"); }
 
+  // One entry of message.tool_calls (whole) or of delta.tool_calls (`whole` false: without
+  // the arguments, which follow in their own delta).
+  static json tool_call_json(size_t index, const ParsedToolCall& call, bool whole) {
+    json j = {{"id", random_id("call_")},
+              {"type", "function"},
+              {"function", {{"name", call.name}, {"arguments", whole ? call.arguments : std::string()}}}};
+    if (!whole) j["index"] = index;
+    return j;
+  }
+
+  // Streamed chat with tools: text goes through the choice's ToolCallStream; completed calls
+  // go out as delta.tool_calls (the call's id, type and name, then its arguments).
+  void stream_tool_output(int32_t index, const std::string& text) {
+    Choice& c = choices[static_cast<size_t>(index)];
+    if (!c.tool_stream) c.tool_stream = std::make_unique<ToolCallStream>();
+    ToolCallStream::Output out = c.tool_stream->push(text);
+    if (c.finished) {
+      ToolCallStream::Output rest = c.tool_stream->flush();
+      out.content += rest.content;
+      for (auto& call : rest.calls) out.calls.push_back(std::move(call));
+    }
+    for (const ParsedToolCall& call : out.calls) {
+      const auto k = static_cast<size_t>(c.num_tool_calls_sent++);
+      json head = chunk_base();
+      head["choices"] = json::array({{{"index", index},
+                                      {"delta", {{"tool_calls", json::array({tool_call_json(k, call, false)})}}},
+                                      {"logprobs", nullptr},
+                                      {"finish_reason", nullptr}}});
+      send_event(head);
+      json args = chunk_base();
+      args["choices"] = json::array(
+          {{{"index", index},
+            {"delta", {{"tool_calls", json::array({{{"index", k}, {"function", {{"arguments", call.arguments}}}}})}}},
+            {"logprobs", nullptr},
+            {"finish_reason", nullptr}}});
+      send_event(args);
+    }
+    if (c.finished && c.tool_stream->saw_calls() && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+    // Held-back text is no event (its logprobs go out with the next one).
+    if (!out.content.empty() || c.finished) stream_text_delta(index, out.content);
+  }
+
   // Streams what a choice released since the last chunk; with its finish reason when done.
   void stream_delta(int32_t index, const std::string& text) {
+    if (chat() && structured.uses_tools()) return stream_tool_output(index, text);
+    stream_text_delta(index, text);
+  }
+
+  void stream_text_delta(int32_t index, const std::string& text) {
     Choice& c = choices[static_cast<size_t>(index)];
     const size_t ready = c.finished ? kept_tokens(c) : [&] {
       size_t n = c.tokens_reported;
@@ -808,7 +867,8 @@ void OpenAiService::handle_tokenize(const HttpRequest& req, const std::shared_pt
       return bad_request("this model has no chat template; tokenize a prompt instead", "messages");
     std::string text;
     try {
-      text = apply_chat_template(model.chat_template(), messages, add_generation_prompt);
+      text = apply_chat_template(model.chat_template(), prepare_chat_messages(messages, StructuredOutput{}),
+                                 add_generation_prompt);
     } catch (const std::exception& e) {
       return reply_error(channel, endpoint, http::status::internal_server_error,
                          std::string("cannot apply the model's chat template: ") + e.what(), "server_error");
@@ -895,6 +955,36 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     return reply(channel, endpoint, std::move(res));
   }
 
+  // response_format and tools, read from the body with its key order kept (schema properties
+  // are generated in the order the client wrote them), compiled by the constraint plugin.
+  StructuredOutput structured;
+  std::shared_ptr<const CompiledConstraint> constraint;
+  if (chat) {
+    nlohmann::ordered_json ordered;
+    try {
+      ordered = nlohmann::ordered_json::parse(req.body());  // already parsed once: valid, bounded depth
+    } catch (const std::exception& e) {
+      return bad_request(std::string("the body is not valid JSON: ") + e.what(), "");
+    }
+    auto so = parse_structured_output(ordered, &error);
+    if (!so) return bad_request(error.message, error.param);
+    structured = std::move(*so);
+    if (structured.constrained()) {
+      const std::string field = structured.uses_tools() ? "tools" : "response_format";
+      Status st = engine_.compile_constraint(constraint_spec(structured), &constraint);
+      if (st.code() == StatusCode::kInvalidArgument) {
+        const ApiError e = constraint_error(structured, st.message());
+        return bad_request(e.message, e.param);
+      }
+      if (st.code() == StatusCode::kUnimplemented)
+        return bad_request(field + ": structured output needs a constraint plugin, and this deployment has none "
+                           "(engine.constraint)", field);
+      if (!st.is_ok())
+        return reply_error(channel, endpoint, http::status::internal_server_error, field + ": " + st.message(),
+                           "server_error");
+    }
+  }
+
   const Model& model = engine_.model();
   const Tokenizer& tok = model.tokenizer();
   std::vector<std::vector<TokenId>> prompts;
@@ -903,7 +993,8 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
       return bad_request("this model has no chat template; use /v1/completions", "messages");
     std::string text;
     try {
-      text = apply_chat_template(model.chat_template(), spec->messages, /*add_generation_prompt=*/true);
+      text = apply_chat_template(model.chat_template(), prepare_chat_messages(spec->messages, structured),
+                                 /*add_generation_prompt=*/true);
     } catch (const std::exception& e) {
       return reply_error(channel, endpoint, http::status::internal_server_error,
                          std::string("cannot apply the model's chat template: ") + e.what(), "server_error");
@@ -935,6 +1026,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
       const PromptInput& in = call->spec.prompts[p];
       call->echoes.push_back(make_echo(tok, prompts[p], in.text ? &*in.text : nullptr));
     }
+  call->structured = std::move(structured);
 
   auto executor = channel->executor();
   int64_t submitted_tokens = 0;
@@ -950,6 +1042,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     }
     greq.n = call->spec.n;
     greq.prompt_logprobs = call->spec.prompt_logprobs;
+    greq.constraint = constraint;
     const int32_t prompt_index = static_cast<int32_t>(p);
     greq.on_event = [call, executor, prompt_index](const GenerationEvent& ev) {
       // Engine thread: copy what the io thread needs and hand it over.

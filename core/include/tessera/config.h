@@ -82,7 +82,9 @@ struct StackConfig {
 };
 
 // The plugin each engine slot uses when the file does not name one.
-const char* default_engine_plugin(PluginKind kind);  // nullptr: slot off by default (drafter)
+// nullptr: slot off by default (drafter). The constraint slot defaults to json-schema when
+// that plugin is installed and is off otherwise.
+const char* default_engine_plugin(PluginKind kind);
 
 // Loads, merges `extends:` chains (a child's maps merge into the base's, other values
 // replace), scans `plugin_paths:` into the registry, and validates everything. Throws

@@ -36,6 +36,9 @@ struct EngineComponents {
   std::shared_ptr<AttentionKernel> attention;
   std::shared_ptr<Sampler> sampler;
   std::shared_ptr<Drafter> drafter;  // may be null
+  // Structured output (tessera/sdk/constraint.h); may be null, then constrained requests are
+  // refused.
+  std::shared_ptr<Constraint> constraint;
   int32_t num_draft_tokens = 0;      // per sequence and step at most, when a drafter is set
   // Adapt each sequence's drafts to its acceptance and the measured step cost, down to none
   // when verification costs more than it saves (tessera/speculation_control.h).
@@ -96,6 +99,10 @@ struct GenerationRequest {
   // the prompt is evaluated and nothing is generated.
   int32_t prompt_logprobs = -1;
   EventCallback on_event;
+  // From Engine::compile_constraint; null: unconstrained. Each sample gets its own matcher:
+  // its logits are masked to the tokens the constraint allows, and it ends ("stop") when the
+  // constraint says the output is complete.
+  std::shared_ptr<const CompiledConstraint> constraint;
 };
 
 
@@ -127,6 +134,11 @@ struct EngineStats {
   double verify_seconds = 0;        // forward + sampling of steps that verified drafts
   // Steps that ended in an error from a plugin (their requests failed, the engine went on).
   uint64_t num_step_errors = 0;
+  // Constrained decoding: logit rows masked, seconds spent computing and applying the masks,
+  // and drafts cut because the constraint does not allow them.
+  uint64_t num_masked_rows = 0;
+  double constraint_seconds = 0;
+  uint64_t num_constraint_draft_cuts = 0;
   KvStats kv;
 };
 
@@ -142,6 +154,10 @@ class Engine {
   // Validates and enqueues. Errors (empty prompt, prompt or max_tokens past the context,
   // token outside the vocabulary) come back as a Status; nothing is enqueued then.
   Status submit(GenerationRequest request, uint64_t* request_id);
+  // Compiles a structured-output spec with the engine's constraint plugin. Any thread. A bad
+  // spec is kInvalidArgument naming the part of it; no constraint plugin is kUnimplemented.
+  Status compile_constraint(const ConstraintSpec& spec, std::shared_ptr<const CompiledConstraint>* out) const;
+  bool has_constraint() const { return components_.constraint != nullptr; }
   // Cancels all samples of a request; its blocks are freed on the next step. Unknown ids
   // are ignored.
   void cancel(uint64_t request_id);
@@ -188,6 +204,12 @@ class Engine {
   void sample_sequence(Sequence& seq, int32_t num_fed, float* first_row);
   Status pick_tokens(Sequence& seq, float* first_row, std::vector<SampledToken>* out);
   Status guarded_pick(Sequence& seq, float* first_row);  // pick_tokens into sampled_
+  // Sets the logits `matcher` does not allow to -inf (constraint.h).
+  Status mask_row(ConstraintMatcher& matcher, float* row);
+  // Masks a verification's rows: row k with the state after drafts [0, k).
+  Status mask_verify_rows(Sequence& seq);
+  // How many of `drafts` the sequence's constraint allows in a row.
+  size_t allowed_draft_prefix(const Sequence& seq, std::span<const TokenId> drafts) const;
   // Advances the computed count, appends `tokens` (stopping where the sequence ends), tells
   // the KV cache and streams the tokens out: the one place a sampled token becomes output.
   void commit(Sequence& seq, int32_t num_newly_computed, const Status& status,
@@ -229,6 +251,7 @@ class Engine {
   std::vector<std::span<float>> verify_rows_;
   std::vector<DraftRequest> draft_requests_;
   std::vector<Sequence*> draft_sequences_;
+  std::vector<uint32_t> mask_words_;  // one bit per token, for mask_row
   bool batch_has_drafts_ = false;
   StepTimeModel step_times_;  // forward + sampling seconds against tokens fed
   AcceptanceEstimate acceptance_;  // of every sequence's drafts: the prior of each sequence's

@@ -21,9 +21,9 @@ namespace tessera {
 
 enum class PluginKind : uint32_t {
   kScheduler = 0, kKvCache, kAttention, kQuantizer, kSampler, kCacheLayer, kRouter, kDrafter,
-  kBackend,
+  kBackend, kConstraint,
 };
-inline constexpr int kNumPluginKinds = 9;
+inline constexpr int kNumPluginKinds = 10;
 
 // The YAML key of each kind ("kv_cache", "cache_layer", ...).
 inline const char* plugin_kind_name(PluginKind kind) {
@@ -37,6 +37,7 @@ inline const char* plugin_kind_name(PluginKind kind) {
     case PluginKind::kRouter: return "router";
     case PluginKind::kDrafter: return "drafter";
     case PluginKind::kBackend: return "backend";
+    case PluginKind::kConstraint: return "constraint";
   }
   return "unknown";
 }

@@ -1,0 +1,113 @@
+#include "token_mask.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace tessera::json_constraint {
+
+TokenTrie::TokenTrie(std::span<const std::string> token_bytes)
+    : vocab_size_(static_cast<int32_t>(token_bytes.size())) {
+  std::vector<TokenId> order;
+  for (size_t t = 0; t < token_bytes.size(); ++t)
+    if (!token_bytes[t].empty()) order.push_back(static_cast<TokenId>(t));
+  std::sort(order.begin(), order.end(), [&](TokenId a, TokenId b) {
+    return token_bytes[static_cast<size_t>(a)] < token_bytes[static_cast<size_t>(b)];
+  });
+  // Sorted strings visit the trie in preorder: each one shares a prefix with the previous
+  // one and appends its remaining bytes as new nodes.
+  auto add_node = [&](uint8_t b, int32_t depth) {
+    bytes_.push_back(b);
+    depth_.push_back(depth);
+    end_.push_back(0);
+    first_.push_back(static_cast<uint32_t>(tokens_.size()));
+    max_depth_ = std::max(max_depth_, depth);
+  };
+  add_node(0, 0);                // the root
+  std::vector<uint32_t> path{0};  // node of each depth on the current path
+  const std::string* prev = nullptr;
+  for (TokenId t : order) {
+    const std::string& s = token_bytes[static_cast<size_t>(t)];
+    size_t common = 0;
+    if (prev) {
+      const size_t limit = std::min(prev->size(), s.size());
+      while (common < limit && (*prev)[common] == s[common]) ++common;
+    }
+    while (path.size() > common + 1) {
+      end_[path.back()] = static_cast<uint32_t>(bytes_.size());
+      path.pop_back();
+    }
+    for (size_t k = common; k < s.size(); ++k) {
+      path.push_back(static_cast<uint32_t>(bytes_.size()));
+      add_node(static_cast<uint8_t>(s[k]), static_cast<int32_t>(k + 1));
+    }
+    tokens_.push_back(t);
+    prev = &s;
+  }
+  while (!path.empty()) {
+    end_[path.back()] = static_cast<uint32_t>(bytes_.size());
+    path.pop_back();
+  }
+  first_.push_back(static_cast<uint32_t>(tokens_.size()));
+}
+
+void compute_token_mask(const ByteMatcher& matcher, const TokenTrie& trie, const State& state,
+                        std::span<uint32_t> allowed) {
+  if (state.dead()) return;
+  std::vector<State> states(static_cast<size_t>(trie.max_depth()) + 1);
+  states[0] = state;
+  const size_t n = trie.size();
+  size_t i = 1;
+  while (i < n) {
+    const auto d = static_cast<size_t>(trie.depth(i));
+    matcher.feed(states[d - 1], trie.byte(i), &states[d]);
+    if (states[d].dead()) {
+      i = trie.subtree_end(i);
+      continue;
+    }
+    for (TokenId t : trie.tokens_at(i)) allowed[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
+    ++i;
+  }
+}
+
+MaskCache::MaskCache(std::shared_ptr<const TokenTrie> trie, std::vector<TokenId> end_tokens, size_t capacity)
+    : trie_(std::move(trie)), end_tokens_(std::move(end_tokens)), capacity_(capacity) {}
+
+size_t MaskCache::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return masks_.size();
+}
+
+bool MaskCache::fill(const ByteMatcher& matcher, const State& state, std::span<uint32_t> allowed) {
+  std::string key(state.key());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = masks_.find(key); it != masks_.end()) {
+      order_.splice(order_.begin(), order_, it->second.second);
+      const Mask& m = it->second.first;
+      std::copy(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(std::min(m.size(), allowed.size())),
+                allowed.begin());
+      return true;
+    }
+  }
+  // Computed outside the lock: another sequence may compute the same mask meanwhile, which
+  // only costs time.
+  Mask m((static_cast<size_t>(trie_->vocab_size()) + 31) / 32, 0u);
+  compute_token_mask(matcher, *trie_, state, m);
+  if (matcher.can_end(state))
+    for (TokenId t : end_tokens_)
+      if (t >= 0 && t < trie_->vocab_size()) m[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
+  std::copy(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(std::min(m.size(), allowed.size())),
+            allowed.begin());
+  if (capacity_ == 0) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (masks_.count(key)) return false;
+  if (masks_.size() >= capacity_) {
+    masks_.erase(order_.back());
+    order_.pop_back();
+  }
+  order_.push_front(key);
+  masks_.emplace(std::move(key), std::make_pair(std::move(m), order_.begin()));
+  return false;
+}
+
+}  // namespace tessera::json_constraint
