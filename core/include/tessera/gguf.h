@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -106,7 +107,7 @@ class GgufFile {
   friend class GgufParser;
 };
 
-// Writes GGUF v3 files: used by tests to build tiny models and malformed files.
+// Writes GGUF v3 files: `tessera quantize` and tests (tiny models, malformed files) use it.
 class GgufWriter {
  public:
   void set_alignment(size_t alignment);
@@ -119,13 +120,16 @@ class GgufWriter {
   void add_string_array(const std::string& key, const std::vector<std::string>& values);
   void add_float32_array(const std::string& key, const std::vector<float>& values);
   void add_int32_array(const std::string& key, const std::vector<int32_t>& values);
+  // Any value as read by GgufFile (copying metadata from one file to another).
+  void add_value(const std::string& key, const Value& value);
   // `data` must hold exactly ggml_row_size(type, dims[0]) * rows bytes.
   void add_tensor(const std::string& name, std::vector<int64_t> dims, GgmlType type,
                   std::vector<uint8_t> data);
   // Convenience: quantizes f32 values into `type` (any type quantize_row supports).
   void add_tensor_f32(const std::string& name, std::vector<int64_t> dims, GgmlType type,
                       const std::vector<float>& values);
-  // Serializes to bytes (tests corrupt these) or to a file; throws GgufError on I/O failure.
+  // Serializes to bytes (tests corrupt these) or to a file (atomically, see write_file_atomic);
+  // throws GgufError on I/O failure.
   std::vector<uint8_t> to_bytes() const;
   void write(const std::string& path) const;
 
@@ -136,5 +140,12 @@ class GgufWriter {
   std::vector<Kv> kvs_;
   std::vector<PendingTensor> tensors_;
 };
+
+// Writes `path` atomically: `produce` streams the bytes through `put` into a temporary file in
+// the same directory, which is fsync'ed and renamed over `path`. On any failure (a full disk,
+// no permission, an exception from `produce`) the temporary file is removed, `path` is left as
+// it was, and GgufError says "cannot write PATH: reason".
+using WriteFn = std::function<void(const void* data, size_t num_bytes)>;
+void write_file_atomic(const std::string& path, const std::function<void(const WriteFn& put)>& produce);
 
 }  // namespace tessera::gguf
