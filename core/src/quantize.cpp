@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <stdexcept>
@@ -37,14 +38,22 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// tensor_type_fallback: the type to use when `cols` is not a multiple of t's block.
-GgmlType fallback(GgmlType t, int64_t cols, const char** why) {
+// tensor_type_fallback: the type to use when `cols` is not a multiple of t's block. Where
+// llama.cpp would fall back to F16 (no 32-element block fits either), this is an error
+// instead: a file with silently unquantized weights is not what --type asked for.
+GgmlType fallback(const std::string& name, GgmlType t, int64_t cols, const char** why) {
   const int64_t block = ggml_type_traits(t).block_size;
   if (cols % block == 0) return t;
   GgmlType f = t;
   if (t == GgmlType::Q4_K) f = GgmlType::Q5_0;
   if (t == GgmlType::Q6_K) f = GgmlType::Q8_0;
-  if (cols % ggml_type_traits(f).block_size != 0) f = GgmlType::F16;
+  if (cols % ggml_type_traits(f).block_size != 0)
+    throw std::invalid_argument("tensor '" + name + "': row length " + std::to_string(cols) +
+                                " is not a multiple of the " + ggml_type_name(t) + " block size " +
+                                std::to_string(block) +
+                                (f != t ? std::string(" nor of its fallback ") + ggml_type_name(f) + "'s " +
+                                              std::to_string(ggml_type_traits(f).block_size)
+                                        : std::string()));
   *why = "row length not a multiple of the block: fallback";
   return f;
 }
@@ -80,7 +89,14 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& file, GgmlType target
   const bool has_output = file.find_tensor("output.weight") != nullptr;
   const std::string arch = file.opt_string("general.architecture").value_or("");
   const int64_t num_layers = static_cast<int64_t>(file.opt_uint(arch + ".block_count").value_or(0));
-  int64_t ffn_down_seen = 0;
+  // The layer of "blk.N.<name>" (-1 for other names). llama-quantize counts ffn_down weights
+  // in layer order whatever the file's order (SmolLM2's file lists blk.10 before blk.2).
+  auto layer_of = [](const std::string& name) -> int64_t {
+    if (name.rfind("blk.", 0) != 0) return -1;
+    size_t end = 4;
+    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+    return end > 4 ? std::stoll(name.substr(4, end - 4)) : -1;
+  };
   std::vector<TensorPlan> plan;
   for (const gguf::TensorInfo& t : file.tensors()) {
     TensorPlan p{t.name, t.type, t.type, "kept: not a 2-D weight"};
@@ -102,15 +118,13 @@ std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& file, GgmlType target
       }
       // With an importance matrix, llama.cpp keeps the first eighth of the ffn_down weights
       // out of Q4_0 / Q5_0 ("craziness in the first few ffn_down layers"): Q4_1 / Q5_1.
-      if (ends_with(t.name, "ffn_down.weight") && !pure) {
-        if (with_importance && (target == GgmlType::Q4_0 || target == GgmlType::Q5_0) &&
-            ffn_down_seen < num_layers / 8) {
-          p.to = target == GgmlType::Q4_0 ? GgmlType::Q4_1 : GgmlType::Q5_1;
-          p.why = "ffn_down of the first layers, with importance: one more min";
-        }
-        ++ffn_down_seen;
+      if (!pure && with_importance && (target == GgmlType::Q4_0 || target == GgmlType::Q5_0) &&
+          ends_with(t.name, "ffn_down.weight") && layer_of(t.name) >= 0 &&
+          layer_of(t.name) < num_layers / 8) {
+        p.to = target == GgmlType::Q4_0 ? GgmlType::Q4_1 : GgmlType::Q5_1;
+        p.why = "ffn_down of the first eighth of the layers, with importance: Q4_1 / Q5_1";
       }
-      if (!is_float_type(p.to)) p.to = fallback(p.to, t.dims[0], &p.why);
+      if (!is_float_type(p.to)) p.to = fallback(t.name, p.to, t.dims[0], &p.why);
     }
     plan.push_back(p);
   }

@@ -56,10 +56,11 @@ struct TensorPlan {
 //    becomes Q6_K, or Q8_0 when its rows are not a multiple of 256 or the target is Q8_0 —
 //    unless `pure`, when it gets the target like every other weight (and float targets never
 //    change it);
-//  - with an importance matrix and a Q4_0 / Q5_0 target, the ffn_down weights of the first
-//    eighth of the layers become Q4_1 / Q5_1 (not when `pure`);
-//  - a row length the target's block does not divide falls back: Q4_K -> Q5_0, Q6_K -> Q8_0,
-//    then F16 when even that does not fit.
+//  - with an importance matrix and a Q4_0 / Q5_0 target, the ffn_down weights of layers
+//    below block_count / 8 become Q4_1 / Q5_1 (not when `pure`);
+//  - a row length the target's block does not divide falls back: Q4_K -> Q5_0, Q6_K -> Q8_0;
+//    where even that does not fit (llama.cpp: F16) it throws std::invalid_argument naming the
+//    tensor, its row length and the block size.
 std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& file, GgmlType target, bool pure,
                                      bool with_importance = false);
 
