@@ -180,7 +180,7 @@ TEST_CASE("bit-identical to llama-quantize on the real model (SHA-256 fixtures f
       ++checked;
     }
   }
-  CHECK(checked == 13 * 11);
+  CHECK(checked == 13 * 13);
   CHECK(weighted >= 5 * 8);  // the importance path is exercised, not only the copies
 }
 
@@ -193,7 +193,6 @@ TEST_CASE("plan_tensors follows llama-quantize's rules") {
   w.add_tensor_f32("blk.0.attn_norm.weight", {512}, GgmlType::F32, gaussian(512, 3));
   w.add_tensor_f32("blk.0.attn_q.weight", {576, 2}, GgmlType::F32, gaussian(1152, 4));
   w.add_tensor_f32("blk.0.ffn_down.weight", {512, 2}, GgmlType::F32, gaussian(1024, 5));
-  w.add_tensor_f32("blk.0.odd.weight", {48, 2}, GgmlType::F32, gaussian(96, 6));
   w.add_tensor_f32("blk.0.attn_q.bias", {4, 2}, GgmlType::F32, gaussian(8, 7));
   const std::string path = (dir / "tiny.gguf").string();
   w.write(path);
@@ -209,7 +208,6 @@ TEST_CASE("plan_tensors follows llama-quantize's rules") {
   CHECK(q4k["blk.0.attn_norm.weight"] == "F32");   // 1-D: kept
   CHECK(q4k["blk.0.attn_q.weight"] == "Q5_0");     // 576 % 256 != 0: Q4_K -> Q5_0
   CHECK(q4k["blk.0.ffn_down.weight"] == "Q4_K");
-  CHECK(q4k["blk.0.odd.weight"] == "F16");         // not even a 32-block fits
   CHECK(q4k["blk.0.attn_q.bias"] == "F32");        // not a weight
   auto q80 = types(GgmlType::Q8_0, false);
   CHECK(q80["output.weight"] == "Q8_0");
@@ -217,7 +215,19 @@ TEST_CASE("plan_tensors follows llama-quantize's rules") {
   CHECK(pure["output.weight"] == "Q4_0");
   auto f16 = types(GgmlType::F16, false);
   CHECK(f16["output.weight"] == "F16");
-  CHECK(f16["blk.0.odd.weight"] == "F16");
+  // A row that not even a 32-element block divides: one error naming the tensor (llama.cpp
+  // would write it as F16), for a quantized target; float targets take any length.
+  gguf::GgufWriter odd;
+  odd.add_tensor_f32("blk.0.odd.weight", {48, 2}, GgmlType::F32, gaussian(96, 6));
+  const std::string odd_path = (dir / "odd.gguf").string();
+  odd.write(odd_path);
+  auto odd_file = gguf::GgufFile::open(odd_path);
+  CHECK_THROWS_WITH(quant::plan_tensors(*odd_file, GgmlType::Q4_K, false),
+                    "tensor 'blk.0.odd.weight': row length 48 is not a multiple of the q4_K block size 256 "
+                    "nor of its fallback q5_0's 32");
+  CHECK_THROWS_WITH(quant::plan_tensors(*odd_file, GgmlType::Q8_0, false),
+                    "tensor 'blk.0.odd.weight': row length 48 is not a multiple of the q8_0 block size 32");
+  CHECK(quant::plan_tensors(*odd_file, GgmlType::BF16, false)[0].to == GgmlType::BF16);
 }
 
 TEST_CASE("quantize_model writes a loadable file with llama.cpp's metadata and converted tensors") {
