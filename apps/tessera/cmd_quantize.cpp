@@ -158,10 +158,11 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("-t,--type", opt->type, "target type: " + quant::target_type_names())->required();
   cmd->add_option("-m,--method", opt->method, "rtn (round to nearest) or importance (imatrix-weighted)")
       ->capture_default_str();
-  cmd->add_option("--calibration", opt->calibration,
+  auto* calibration = cmd->add_option("--calibration", opt->calibration,
                   "text to collect activation statistics on (--method importance); never the evaluation text");
   cmd->add_option("--imatrix", opt->imatrix,
-                  "read the statistics from an imatrix GGUF (ours or llama-imatrix's) instead of --calibration");
+                  "read the statistics from an imatrix GGUF (ours or llama-imatrix's) instead of --calibration")
+      ->excludes(calibration);
   cmd->add_option("--save-imatrix", opt->save_imatrix, "write the collected statistics (llama-imatrix's GGUF format)");
   cmd->add_option("-c,--config", opt->config, "stack that runs the calibration (default: configs/smollm2-cpu.yaml)");
   cmd->add_option("--ctx", opt->ctx, "calibration tokens per chunk")->capture_default_str();
