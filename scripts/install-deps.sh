@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev libboost-filesystem-dev libboost-system-dev
-  libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev
+  libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libssl-dev
   protobuf-compiler libprotobuf-dev
   python3 python3-pip
   chromium

@@ -281,18 +281,6 @@ using bench::fmt;
 
 double quantile(const std::vector<double>& sorted, double q) { return bench::percentile(sorted, q); }
 
-std::string read_corpus(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw CommandError("--corpus '" + path + "': no such file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CommandError("--corpus '" + path + "': cannot read the file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  if (text.empty()) throw CommandError("--corpus '" + path + "': the file is empty");
-  return text;
-}
-
 std::string fmt_g(double v, int precision) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*g", precision, v);
@@ -387,7 +375,7 @@ void run_eval(const EvalOptions& opt) {
   if (opt.greedy > opt.ctx / 2)
     throw CommandError("--greedy " + std::to_string(opt.greedy) + ": at most --ctx / 2 = " +
                        std::to_string(opt.ctx / 2) + " tokens (the continuation follows the first half of a chunk)");
-  const std::string text = read_corpus(opt.corpus);
+  const std::string text = read_text_file(opt.corpus, "--corpus");
   auto test = load_eval_stack(opt.config, opt.ctx, opt.quiet);
   std::unique_ptr<EvalStack> ref;
   if (!opt.reference_config.empty()) {

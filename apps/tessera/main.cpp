@@ -1,4 +1,4 @@
-// tessera: serve, generate, chat, tokenize, bench, eval, inspect plugins and configs.
+// tessera: serve, generate, chat, tokenize, bench, eval, quantize, inspect plugins and configs.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_config_command(app);
   tessera::cli::add_bench_command(app);
   tessera::cli::add_eval_command(app);
+  tessera::cli::add_quantize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

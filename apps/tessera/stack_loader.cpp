@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "commands.h"
 #include "tessera/stack.h"
@@ -18,6 +20,19 @@ std::string default_config_path() {
                             fs::path(TESSERA_INSTALL_DATA_DIR) / "configs/smollm2-cpu.yaml"})
     if (fs::exists(p)) return p.string();
   throw CommandError("the default stack configs/smollm2-cpu.yaml was not found; pass --config FILE");
+}
+
+std::string read_text_file(const std::string& path, const char* option) {
+  const std::string what = std::string(option) + " '" + path + "': ";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw CommandError(what + "no such file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CommandError(what + "cannot read the file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.empty()) throw CommandError(what + "the file is empty");
+  return text;
 }
 
 void print_progress(const char* label, size_t done, size_t total) {

@@ -20,6 +20,10 @@ struct LoadedStack {
 // `config_path` empty: the default stack. Throws CommandError / ConfigError with the reason.
 LoadedStack load_stack(const std::string& config_path, bool quiet);
 
+// The whole of a text file named by command-line option `option` (e.g. "--corpus"); throws
+// CommandError "OPTION 'PATH': no such file / cannot read the file / the file is empty".
+std::string read_text_file(const std::string& path, const char* option);
+
 // Prints "\r<label> [#####     ] done/total" to stderr.
 void print_progress(const char* label, size_t done, size_t total);
 

@@ -5,7 +5,13 @@
 #include <cstdio>
 #include <cstring>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "tessera/gguf.h"
+
+#include "tessera/atomic_file.h"
 
 namespace tessera::gguf {
 
@@ -55,7 +61,6 @@ void put_value(ByteSink& sink, const Value& v) {
     case ValueType::kString: sink.put_string(std::get<std::string>(v.data)); break;
     case ValueType::kArray: {
       sink.put<uint32_t>(static_cast<uint32_t>(v.array_type));
-      // Only the element types the add_* methods produce are stored here.
       switch (v.array_type) {
         case ValueType::kString: {
           const auto& xs = std::get<std::vector<std::string>>(v.data);
@@ -63,16 +68,34 @@ void put_value(ByteSink& sink, const Value& v) {
           for (const auto& s : xs) sink.put_string(s);
           break;
         }
-        case ValueType::kFloat32: {
+        case ValueType::kFloat32:
+        case ValueType::kFloat64: {
           const auto& xs = std::get<std::vector<double>>(v.data);
           sink.put<uint64_t>(xs.size());
-          for (double x : xs) sink.put<float>(static_cast<float>(x));
+          for (double x : xs) {
+            if (v.array_type == ValueType::kFloat32) sink.put<float>(static_cast<float>(x));
+            else sink.put<double>(x);
+          }
           break;
         }
-        case ValueType::kInt32: {
+        case ValueType::kBool: {
+          const auto& xs = std::get<std::vector<bool>>(v.data);
+          sink.put<uint64_t>(xs.size());
+          for (bool x : xs) sink.put<uint8_t>(x ? 1 : 0);
+          break;
+        }
+        case ValueType::kUint8: case ValueType::kUint16: case ValueType::kUint32:
+        case ValueType::kUint64: {
+          const auto& xs = std::get<std::vector<uint64_t>>(v.data);
+          sink.put<uint64_t>(xs.size());
+          for (uint64_t x : xs) put_value(sink, Value{v.array_type, ValueType::kUint8, x});
+          break;
+        }
+        case ValueType::kInt8: case ValueType::kInt16: case ValueType::kInt32:
+        case ValueType::kInt64: {
           const auto& xs = std::get<std::vector<int64_t>>(v.data);
           sink.put<uint64_t>(xs.size());
-          for (int64_t x : xs) sink.put<int32_t>(static_cast<int32_t>(x));
+          for (int64_t x : xs) put_value(sink, Value{v.array_type, ValueType::kUint8, x});
           break;
         }
         default:
@@ -171,6 +194,10 @@ void GgufWriter::add_int32_array(const std::string& key, const std::vector<int32
   kvs_.push_back({key, array(ValueType::kInt32, std::vector<int64_t>(values.begin(), values.end()))});
 }
 
+void GgufWriter::add_value(const std::string& key, const Value& value) {
+  kvs_.push_back({key, value});
+}
+
 void GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> dims, GgmlType type,
                             std::vector<uint8_t> data) {
   size_t row_bytes = 0;
@@ -248,15 +275,15 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
 
 void GgufWriter::write(const std::string& path) const {
   const std::vector<uint8_t> bytes = to_bytes();
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) throw GgufError("cannot write " + path + ": " + std::strerror(errno));
-  const size_t n = std::fwrite(bytes.data(), 1, bytes.size(), f);
-  const int write_err = errno;
-  if (n != bytes.size()) {
-    std::fclose(f);
-    throw GgufError("cannot write " + path + ": " + std::strerror(write_err));
+  write_file_atomic(path, [&](const WriteFn& put) { put(bytes.data(), bytes.size()); });
+}
+
+void write_file_atomic(const std::string& path, const std::function<void(const WriteFn& put)>& produce) {
+  try {
+    write_file_atomically(path, produce);
+  } catch (const FileWriteError& e) {
+    throw GgufError(e.what());
   }
-  if (std::fclose(f) != 0) throw GgufError("cannot write " + path + ": " + std::strerror(errno));
 }
 
 }  // namespace tessera::gguf

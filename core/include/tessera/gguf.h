@@ -6,8 +6,11 @@
 // what was wrong and the byte offset, never a crash or an out-of-bounds read.
 #pragma once
 
+#include "tessera/atomic_file.h"
+
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -106,7 +109,7 @@ class GgufFile {
   friend class GgufParser;
 };
 
-// Writes GGUF v3 files: used by tests to build tiny models and malformed files.
+// Writes GGUF v3 files: `tessera quantize` and tests (tiny models, malformed files) use it.
 class GgufWriter {
  public:
   void set_alignment(size_t alignment);
@@ -119,13 +122,16 @@ class GgufWriter {
   void add_string_array(const std::string& key, const std::vector<std::string>& values);
   void add_float32_array(const std::string& key, const std::vector<float>& values);
   void add_int32_array(const std::string& key, const std::vector<int32_t>& values);
+  // Any value as read by GgufFile (copying metadata from one file to another).
+  void add_value(const std::string& key, const Value& value);
   // `data` must hold exactly ggml_row_size(type, dims[0]) * rows bytes.
   void add_tensor(const std::string& name, std::vector<int64_t> dims, GgmlType type,
                   std::vector<uint8_t> data);
   // Convenience: quantizes f32 values into `type` (any type quantize_row supports).
   void add_tensor_f32(const std::string& name, std::vector<int64_t> dims, GgmlType type,
                       const std::vector<float>& values);
-  // Serializes to bytes (tests corrupt these) or to a file; throws GgufError on I/O failure.
+  // Serializes to bytes (tests corrupt these) or to a file (atomically, see write_file_atomic);
+  // throws GgufError on I/O failure.
   std::vector<uint8_t> to_bytes() const;
   void write(const std::string& path) const;
 
@@ -136,5 +142,10 @@ class GgufWriter {
   std::vector<Kv> kvs_;
   std::vector<PendingTensor> tensors_;
 };
+
+// tessera::write_file_atomically (tessera/atomic_file.h) with its failure as a GgufError
+// ("cannot write PATH: reason"): the temporary file is removed and `path` left as it was.
+using WriteFn = tessera::WriteFn;
+void write_file_atomic(const std::string& path, const std::function<void(const WriteFn& put)>& produce);
 
 }  // namespace tessera::gguf

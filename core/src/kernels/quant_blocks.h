@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace tessera::kernels {
 
@@ -94,6 +95,29 @@ struct BlockQ4_1x8 {
   uint8_t qs[8 * kQK4_1 / 2];
 };
 static_assert(sizeof(BlockQ4_1x8) == 8 * sizeof(BlockQ4_1), "interleaving adds no bytes");
+
+// ggml's nearest_int: adding 1.5 * 2^23 leaves round(fval) (to nearest, ties to even, in the
+// default rounding mode) in the low mantissa bits. Valid for |fval| < 2^22. The addition must
+// be a separate float operation (callers include tessera/fp_contract_off.h).
+inline int nearest_int(float fval) {
+  const float val = fval + 12582912.0f;
+  int32_t i;
+  std::memcpy(&i, &val, sizeof i);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+// Unpacks scale/min j (0..7) of a Q4_K super-block: the first four are the low 6 bits of
+// bytes 0-3 / 4-7; the last four take 4 bits from bytes 8-11 and their top 2 bits from the
+// spare high bits of bytes 0-7.
+inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+  }
+}
 
 // AVX2/FMA/F16C kernels (quant_avx2.cpp). Only call after cpu_has_avx2() returned true: the
 // translation unit is compiled with -mavx2 and may use those instructions anywhere.

@@ -32,6 +32,8 @@ using kernels::BlockQ6_K;
 using kernels::BlockQ8_0;
 using kernels::BlockQ8_1;
 using kernels::BlockQ8_K;
+using kernels::get_scale_min_k4;
+using kernels::nearest_int;
 using kernels::kQK4_0;
 using kernels::kQK4_1;
 using kernels::kQK5_0;
@@ -111,19 +113,6 @@ void dequantize_row_q8_1(const BlockQ8_1* x, float* y, int64_t n) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(x[i].d);
     for (int j = 0; j < kQK8_1; ++j) y[i * kQK8_1 + j] = x[i].qs[j] * d;
-  }
-}
-
-// Unpacks scale/min j (0..7) of a Q4_K super-block: the first four are the low 6 bits of
-// bytes 0-3 / 4-7; the last four take 4 bits from bytes 8-11 and their top 2 bits from the
-// spare high bits of bytes 0-7.
-inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
-  if (j < 4) {
-    *d = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
   }
 }
 
@@ -367,16 +356,6 @@ void quantize_row_q8_1(const float* x, BlockQ8_1* y, int64_t n) {
     // ggml multiplies by the unrounded float d, not by the stored fp16 d.
     y[i].s = fp32_to_fp16(static_cast<float>(sum) * d);
   }
-}
-
-// ggml's nearest_int: adding 1.5 * 2^23 leaves round(fval) (to nearest, ties to even, in the
-// default rounding mode) in the low mantissa bits. Valid for |fval| < 2^22. The addition must
-// be a separate float operation (fp-contract is off in this file, see the top).
-inline int nearest_int(float fval) {
-  const float val = fval + 12582912.0f;
-  int32_t i;
-  std::memcpy(&i, &val, sizeof i);
-  return (i & 0x007fffff) - 0x00400000;
 }
 
 // Q8_K, the activation format of the K-quant dots. On x86 ggml-cpu's quantize_row_q8_K is the
@@ -667,6 +646,9 @@ bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
     case GgmlType::Q8_K:
       quantize_row_q8_k(src, static_cast<BlockQ8_K*>(dst), n);
       return true;
+    case GgmlType::Q4_K:
+    case GgmlType::Q6_K:
+      return quantize_weight_row(type, src, dst, n, nullptr);  // quant_search.cpp
     default:
       return false;
   }

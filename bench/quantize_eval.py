@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""What each `tessera quantize` method x type costs on the default model, measured by `tessera eval`.
+
+The reference is the model's F32 dequantization (we have no higher-precision copy of
+SmolLM2-135M-Instruct): `tessera quantize --type F32`, evaluated once with the bit-exact stack
+(configs/smollm2-cpu-f32kv.yaml) and its log-probabilities saved. Every quantized file is then
+made from that F32 file and evaluated against the saved reference on the same text, with the
+same stack: perplexity, KLD mean / 99 %, top-1 agreement, and file size.
+
+  bench/quantize_eval.py --out /tmp/q --chunks 14 [--peer ~/.cache/tessera/peer/.../build/bin]
+
+Corpora (both shipped by Debian's base-files): evaluation /usr/share/common-licenses/GPL-3,
+calibration /usr/share/common-licenses/GFDL-1.3. With --peer, llama.cpp's llama-quantize (plain,
+and with a llama-imatrix matrix from the same calibration text) adds rows, evaluated the same way,
+and llama-perplexity reports its own perplexity of Tessera's files. Prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = Path(os.environ.get("TESSERA_MODEL_DIR", Path.home() / ".cache/tessera/models")) / \
+    "SmolLM2-135M-Instruct.Q4_1.gguf"
+PEER_FTYPE = {"Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q8_0": "Q8_0",
+              "Q4_K": "Q4_K_M", "Q6_K": "Q6_K"}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw) -> subprocess.CompletedProcess:
+    log("+ " + " ".join(str(c) for c in cmd))
+    return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def stack(out: Path, name: str, model: Path) -> Path:
+    p = out / f"{name}.yaml"
+    p.write_text(f"extends: {ROOT / 'configs/smollm2-cpu-f32kv.yaml'}\nmodel: {{path: {model}}}\n")
+    return p
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tessera", type=Path, default=ROOT / "build/bin/tessera")
+    ap.add_argument("--model", type=Path, default=MODEL)
+    ap.add_argument("--corpus", default="/usr/share/common-licenses/GPL-3")
+    ap.add_argument("--calibration", default="/usr/share/common-licenses/GFDL-1.3")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=0, help="evaluation chunks (0: all)")
+    ap.add_argument("--types", default="Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q6_K")
+    ap.add_argument("--methods", default="rtn,importance")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--peer-types", default="Q4_0,Q4_K", help="types llama-quantize adds rows for")
+    ap.add_argument("--peer", type=Path, help="llama.cpp bin dir (llama-quantize, llama-imatrix, llama-perplexity)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    t = args.tessera
+    chunks = ["--chunks", args.chunks] if args.chunks else []
+
+    f32 = out / "f32.gguf"
+    if not f32.exists():
+        run([t, "quantize", "-q", args.model, f32, "--type", "F32", "--threads", args.threads])
+    ref = out / "f32.logp"
+    if not ref.exists():
+        run([t, "eval", "-q", "-c", stack(out, "f32", f32), "-f", args.corpus, "--ctx", args.ctx, *chunks,
+             "--save-logits", ref, "--json", out / "f32.json"])
+    imatrix = out / "tessera.imatrix"
+    if "importance" in args.methods and not imatrix.exists():
+        # Activations of the input model (the same weights as f32.gguf) over the calibration text.
+        run([t, "quantize", "-q", args.model, out / "calib-probe.gguf", "--type", "Q8_0", "--method", "importance",
+             "--calibration", args.calibration, "--ctx", args.ctx, "--save-imatrix", imatrix, "--threads", args.threads])
+
+    rows = []
+
+    def evaluate(label: str, method: str, typ: str, path: Path) -> None:
+        j = out / f"{path.stem}.json"
+        t0 = time.time()
+        run([t, "eval", "-q", "-c", stack(out, path.stem, path), "-f", args.corpus, "--ctx", args.ctx, *chunks,
+             "--reference-logits", ref, "--json", j])
+        r = json.load(open(j))
+        rows.append({"who": label, "method": method, "type": typ, "size_mib": path.stat().st_size / 2**20,
+                     "ppl": r["ppl"], "ppl_err": r.get("ppl_error"), "kld_mean": r["kld"]["mean"],
+                     "kld_p99": r["kld"]["p99"], "top1": r["top1_agreement"], "eval_s": time.time() - t0})
+        log(json.dumps(rows[-1]))
+
+    f32_json = json.load(open(out / "f32.json"))
+    rows.append({"who": "tessera", "method": "reference", "type": "F32", "size_mib": f32.stat().st_size / 2**20,
+                 "ppl": f32_json["ppl"], "ppl_err": f32_json.get("ppl_error"), "kld_mean": 0.0, "kld_p99": 0.0,
+                 "top1": 1.0, "eval_s": 0})
+    for typ in args.types.split(","):
+        for method in args.methods.split(","):
+            q = out / f"tessera-{method}-{typ}.gguf"
+            extra = ["--method", "importance", "--imatrix", imatrix] if method == "importance" else []
+            if not q.exists():
+                run([t, "quantize", "-q", f32, q, "--type", typ, "--threads", args.threads, *extra])
+            rtn = out / f"tessera-rtn-{typ}.gguf"
+            if method != "rtn" and rtn.exists() and rtn.read_bytes() == q.read_bytes():
+                rows.append(dict(next(r for r in rows if r["who"] == "tessera" and r["type"] == typ),
+                                 method=method + " (= rtn bytes)"))
+                continue
+            evaluate("tessera", method, typ, q)
+
+    if args.peer:
+        env = dict(os.environ, LD_LIBRARY_PATH=str(args.peer))
+        peer_imatrix = out / "llama.imatrix"
+        if not peer_imatrix.exists():
+            run([args.peer / "llama-imatrix", "-m", args.model, "-f", args.calibration, "-c", args.ctx,
+                 "-o", peer_imatrix, "-t", args.threads], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for typ in args.peer_types.split(","):
+            ftype = PEER_FTYPE[typ]
+            for method, extra in (("rtn", []), ("imatrix", ["--imatrix", peer_imatrix])):
+                q = out / f"llama-{method}-{ftype}.gguf"
+                if not q.exists():
+                    run([args.peer / "llama-quantize", "--allow-requantize", *extra, f32, q, ftype, args.threads],
+                        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                evaluate("llama-quantize", method, ftype, q)
+
+    print("| quantizer | method | type | size MiB | PPL | KLD mean | KLD 99 % | same top-1 |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['who']} | {r['method']} | {r['type']} | {r['size_mib']:.1f} | {r['ppl']:.4f} | "
+              f"{r['kld_mean']:.5f} | {r['kld_p99']:.4f} | {100 * r['top1']:.2f} % |")
+    json.dump(rows, open(out / "table.json", "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
