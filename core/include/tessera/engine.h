@@ -129,6 +129,8 @@ class Engine {
   // Validates and enqueues. Errors (empty prompt, prompt or max_tokens past the context,
   // token outside the vocabulary) come back as a Status; nothing is enqueued then.
   Status submit(GenerationRequest request, uint64_t* request_id);
+  // The checks submit() makes, without enqueuing (any thread).
+  Status check(const GenerationRequest& request) const;
   // Cancels all samples of a request; its blocks are freed on the next step. Unknown ids
   // are ignored.
   void cancel(uint64_t request_id);
