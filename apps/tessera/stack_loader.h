@@ -7,6 +7,7 @@
 
 #include "tessera/config.h"
 #include "tessera/engine.h"
+#include "tessera/gateway/gateway.h"
 #include "tessera/plugin_registry.h"
 
 namespace tessera::cli {
@@ -19,6 +20,14 @@ struct LoadedStack {
 
 // `config_path` empty: the default stack. Throws CommandError / ConfigError with the reason.
 LoadedStack load_stack(const std::string& config_path, bool quiet);
+
+// Every deployment of the stack (an engine each), its cache layers and router: `tessera serve`.
+struct LoadedGateway {
+  std::unique_ptr<PluginRegistry> registry;
+  StackConfig config;
+  std::unique_ptr<Gateway> gateway;
+};
+LoadedGateway load_gateway(const std::string& config_path, bool quiet);
 
 // Prints "\r<label> [#####     ] done/total" to stderr.
 void print_progress(const char* label, size_t done, size_t total);

@@ -56,6 +56,7 @@ struct GenerationSpec {
   bool include_usage = false;    // stream_options.include_usage
   bool logprobs = false;         // report logprobs of chosen tokens
   int32_t top_logprobs = 0;      // and this many alternatives per token
+  std::string user;              // the client's end-user id ("" when not given)
 };
 
 // Parses a JSON body already known to be an object. Returns std::nullopt and fills *error on

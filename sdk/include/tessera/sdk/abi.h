@@ -3,6 +3,8 @@
 // History: 2.0 batched Drafter::propose with Draft (tokens + optional q rows) and
 // on_drafts_settled; Sampler::verify takes a DraftView; KvCacheManager::truncate; KV dtypes
 // per pool (KvLayout/AttentionShape k_dtype, v_dtype) and KvDtype::kQ8_0 (one bump for both).
+// 2.1 CacheKey::reproducible, CachedResponse::tier, CacheLayer::metrics and CacheMetric (the
+// gateway's cache layers).
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -16,7 +18,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 0
+#define TESSERA_SDK_ABI_MINOR 1
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x
