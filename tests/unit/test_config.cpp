@@ -442,7 +442,7 @@ server: {host: localhost, prot: 80}
   INFO(dump(issues));
   const std::string f = file.string();
   CHECK(has_issue(issues, f + ":2:1: unknown key 'engin'; did you mean 'engine'? expected one "
-                              "of: extends, plugin_paths, model, engine, gateway, server"));
+                              "of: extends, plugin_paths, model, engine, deployments, gateway, server"));
   CHECK(has_issue(issues, f + ":1:18: model: unknown key 'thread'; did you mean 'threads'? "
                               "expected one of: path, name, threads, context_length"));
   CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
@@ -537,7 +537,8 @@ gateway:
                               "plugin's name; registered: contiguous, paged)"));
   CHECK(has_issue(issues, f + ":6:21: engine.drafter: plugin 'test-abi-mismatch' could not be "
                               "loaded: libtessera-test-abi-mismatch.so: built for Tessera SDK ABI "
-                              "3.0, this host implements ABI 2.0 (the major versions must match)"));
+                              "3.0, this host implements ABI " + std::to_string(kSdkAbiMajor) + "." +
+                              std::to_string(kSdkAbiMinor) + " (the major versions must match)"));
   CHECK(has_issue(issues, f + ":7:14: engine.attention: expected a plugin slot {plugin: NAME, "
                               "...parameters}, got \"naive\""));
   CHECK(has_issue(issues, f + ":9:20: gateway.cache[0]: unknown cache_layer plugin 'redis'; "
@@ -859,7 +860,7 @@ TEST_CASE("deployments: mistakes name the deployment's key path") {
                                       "engine; move this section into one of them");
   auto named = write_file(dir / "named.yaml", "deployments: {a: {model: {path: a.gguf, name: b}}}\n");
   check_single(load_errors(named), named.string() +
-                                       ":1:39: deployments.a.model.name: a deployment is served under its key "
+                                       ":1:41: deployments.a.model.name: a deployment is served under its key "
                                        "'a'; remove 'name'");
   auto bad = write_file(dir / "bad.yaml", R"(deployments:
   a: {model: {path: a.gguf}, engine: {scheduler: {plugin: static, max_batch_tokens: 0}}}
@@ -869,7 +870,7 @@ TEST_CASE("deployments: mistakes name the deployment's key path") {
   INFO(dump(issues));
   CHECK(has_issue(issues, bad.string() + ":2:85: deployments.a.engine.scheduler.max_batch_tokens: expected an "
                                          "integer >= 1, got 0"));
-  CHECK(has_issue(issues, bad.string() + ":3:7: deployments.b: unknown key 'modle' (did you mean 'model'?)"));
+  CHECK(has_issue(issues, bad.string() + ":3:7: deployments.b: unknown key 'modle'; did you mean 'model'? expected one of: model, engine"));
   auto clash = write_file(dir / "clash.yaml", R"(deployments: {auto: {model: {path: a.gguf}}}
 gateway: {router: {plugin: classifier, name: auto, routes: {x: auto}}}
 )");
