@@ -197,7 +197,9 @@ ServeRecord send_one(const Endpoint& ep, const std::string& model, const std::st
       parser.get().body().data = chunk;
       parser.get().body().size = sizeof chunk;
       beast::error_code ec;
-      http::read(stream, buffer, parser, ec);
+      // read_some: hand over what arrived. http::read would wait until the 8 KiB body buffer
+      // is full, so every SSE event of its first 8 KiB would look as if it came at once.
+      http::read_some(stream, buffer, parser, ec);
       if (ec == http::error::need_buffer) ec = {};
       if (ec) throw beast::system_error(ec);
       const size_t n = sizeof chunk - parser.get().body().size;
