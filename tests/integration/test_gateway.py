@@ -344,6 +344,17 @@ class AbSplit(unittest.TestCase):
                                             {"deployment": arm}), 0)
 
 
+class ExampleConfig(unittest.TestCase):
+    def test_the_shipped_gateway_config_validates(self):
+        out = subprocess.run([h.TESSERA, "config", "check", os.path.join(h.SOURCE_DIR, "configs", "gateway-ab.yaml")],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("deployments.chunked.engine.scheduler:", out.stdout)
+        self.assertIn("deployments.continuous.engine.scheduler:", out.stdout)
+        self.assertIn("continuous", out.stdout.split("deployments.continuous.engine.scheduler:")[1].splitlines()[0])
+        self.assertIn("gateway.router (model 'ab')", out.stdout)
+
+
 class MemoryTier(unittest.TestCase):
     """A one-deployment gateway with the in-process tier only: TTL and the byte budget."""
 
@@ -384,4 +395,4 @@ gateway:
 
 
 if __name__ == "__main__":
-    sys.exit(h.run_tests([OpenAiClient, SharedTier, AbSplit, MemoryTier]))
+    sys.exit(h.run_tests([OpenAiClient, SharedTier, AbSplit, ExampleConfig, MemoryTier]))
