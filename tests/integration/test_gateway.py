@@ -342,6 +342,15 @@ class AbSplit(unittest.TestCase):
                                             {"deployment": arm}), 0)
             self.assertGreater(metric_value(A, "tessera_deployment_queue_time_seconds_count",
                                             {"deployment": arm}), 0)
+            self.assertGreater(metric_value(A, "tessera_deployment_engine_steps_total", {"deployment": arm}), 0)
+        # Every deployment's engine gave all KV blocks back once the requests were answered.
+        deadline = time.time() + 20
+        while time.time() < deadline and any(
+                metric_value(A, "tessera_deployment_kv_blocks_used", {"deployment": d}) for d in ("chunked", "continuous")):
+            time.sleep(0.1)
+        for d in ("chunked", "continuous"):
+            self.assertEqual(metric_value(A, "tessera_deployment_kv_blocks_used", {"deployment": d}), 0)
+            self.assertGreater(metric_value(A, "tessera_deployment_kv_blocks_total", {"deployment": d}), 0)
 
 
 class ExampleConfig(unittest.TestCase):

@@ -77,6 +77,34 @@ std::string label(const char* name, const std::string& value) {
 }
 }  // namespace
 
+void ServerMetrics::render_deployment_engines(const std::vector<std::pair<std::string, EngineStats>>& engines,
+                                              std::string* out) {
+  if (engines.empty()) return;
+  struct Gauge {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const EngineStats&);
+  };
+  static const Gauge kGauges[] = {
+      {"tessera_deployment_engine_steps_total", "counter", "Engine steps, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.num_steps); }},
+      {"tessera_deployment_running_sequences", "gauge", "Sequences running, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.num_running); }},
+      {"tessera_deployment_waiting_sequences", "gauge", "Sequences waiting to be scheduled, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.num_waiting); }},
+      {"tessera_deployment_kv_blocks_used", "gauge", "KV blocks referenced by live sequences, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.kv.num_used_blocks); }},
+      {"tessera_deployment_kv_blocks_total", "gauge", "KV blocks in the pool, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.kv.num_blocks); }},
+  };
+  for (const Gauge& g : kGauges) {
+    header(out, g.name, g.type, g.help);
+    for (const auto& [name, stats] : engines)
+      sample(out, std::string(g.name) + "{" + label("deployment", name) + "}", g.value(stats));
+  }
+}
+
 void ServerMetrics::observe_deployment(const std::string& deployment, const RequestTimings& t) {
   observe_latencies(by_deployment_[deployment], t);
 }

@@ -56,6 +56,9 @@ class ServerMetrics {
   void observe_arm(const std::string& router, const std::string& arm, const RequestTimings& timings);
 
   std::string render(const EngineStats& engine) const;
+  // Each deployment's engine gauges, labelled deployment= (render() has the first's unlabelled).
+  static void render_deployment_engines(const std::vector<std::pair<std::string, EngineStats>>& engines,
+                                        std::string* out);
 
   // Read by the stats endpoint (stats.h).
   const Histogram& queue_time() const { return queue_time_; }

@@ -715,6 +715,10 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     metrics_.set_in_flight(in_flight_);
     res.body() = metrics_.render(gateway_.engine(0).stats());
+    std::vector<std::pair<std::string, EngineStats>> engines;
+    for (size_t i = 0; i < gateway_.num_deployments(); ++i)
+      engines.emplace_back(gateway_.deployment(i).name(), gateway_.engine(i).stats());
+    ServerMetrics::render_deployment_engines(engines, &res.body());
     gateway_.render_cache_metrics(&res.body());
     return reply(channel, endpoint, std::move(res));
   }
