@@ -120,8 +120,15 @@ def setUpModule():
     global REDIS, A, B
     REDIS = Redis().start()
     yaml = two_deployment_yaml(REDIS.port)
-    A = Gateway(yaml, "gateway-a").start(timeout=240)
-    B = Gateway(yaml, "gateway-b").start(timeout=240)
+    try:
+        A = Gateway(yaml, "gateway-a").start(timeout=240)
+        B = Gateway(yaml, "gateway-b").start(timeout=240)
+    except Exception:
+        # unittest skips tearDownModule when setUpModule fails: leave no process behind.
+        if A:
+            A.stop()
+        REDIS.kill()
+        raise
 
 
 def tearDownModule():
@@ -373,8 +380,9 @@ engine: {{kv_cache: {{plugin: paged, memory: 64MiB}}}}
 gateway:
   cache: [{{plugin: exact, ttl: 2s, max_bytes: 2KiB}}]
 """
-        g = Gateway(yaml, "gateway-memory").start(timeout=240)
+        g = Gateway(yaml, "gateway-memory")
         try:
+            g.start(timeout=240)
             model = client(g).models.list().data[0].id
             prompt = unique("ttl")
             self.assertEqual(complete(g, prompt, model=model).headers["x-tessera-cache"], "miss")
