@@ -197,9 +197,10 @@ class OpenAiClient(unittest.TestCase):
 
     def test_each_deployment_streams_and_both_stacks_agree_greedily(self):
         texts = {}
+        content = unique("Name a colour.")  # one prompt for both deployments
         for model in ("chunked", "continuous"):
             stream = client(A).chat.completions.create(
-                model=model, messages=[{"role": "user", "content": unique("Name a colour.")}],
+                model=model, messages=[{"role": "user", "content": content}],
                 max_tokens=12, temperature=0, stream=True)
             chunks = list(stream)
             self.assertTrue(all(c.model == model for c in chunks))
@@ -239,11 +240,16 @@ class OpenAiClient(unittest.TestCase):
 
     def test_a_response_ended_by_a_stop_string_is_cached_and_replayed_identically(self):
         prompt = unique("Count: one, two, three, four, five, six")
+        # A stop string the greedy answer is known to contain: 4 characters from its middle.
+        text = complete(A, prompt, model="chunked", max_tokens=24).json()["choices"][0]["text"]
+        self.assertGreaterEqual(len(text), 8, text)
+        stop = text[len(text) // 2:len(text) // 2 + 4]
         before = len(REDIS.keys())
-        first = complete(A, prompt, model="chunked", max_tokens=24, stop=[","]).json()
+        first = complete(A, prompt, model="chunked", max_tokens=24, stop=[stop]).json()
         self.assertEqual(first["choices"][0]["finish_reason"], "stop")
+        self.assertEqual(first["choices"][0]["text"].find(stop), -1)
         self.assertTrue(REDIS.wait_for_keys(before + 1))
-        hit = complete(A, prompt, model="chunked", max_tokens=24, stop=[","])
+        hit = complete(A, prompt, model="chunked", max_tokens=24, stop=[stop])
         self.assertTrue(hit.headers["x-tessera-cache"].startswith("hit"), hit.headers.get("x-tessera-cache"))
         self.assertEqual(hit.json()["choices"][0]["text"], first["choices"][0]["text"])
         self.assertEqual(hit.json()["choices"][0]["finish_reason"], "stop")
