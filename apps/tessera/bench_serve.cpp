@@ -2,6 +2,9 @@
 // POST /v1/completions with stream=true over HTTP/1.1 (Boost.Beast, one connection per
 // request); the SSE events are timed as they arrive. Arrivals are Poisson at each given rate,
 // or a fixed number of clients each sending its next request when the last one ends.
+// Against a router (e.g. Tessera's ab-split, --model ab) each request's arm is read from the
+// x-tessera-route header (else the response's model field, when it differs from the one
+// sent) and the report adds per-arm figures.
 #include <CLI/CLI.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -41,6 +45,7 @@ struct ServeOptions {
   std::vector<double> rates;
   std::vector<int> concurrency;
   int num_requests = 32;  // per level
+  int num_users = 0;      // >0: request i sends user "bench-user-<i mod num_users>" (sticky A/B arms)
   std::string slo_ttft_text = "1s", slo_tpot_text = "100ms";
   double slo_ttft = 1.0, slo_tpot = 0.1;  // seconds, parsed from the texts
   double timeout = 600;
@@ -91,6 +96,7 @@ struct ServeRecord {
   int output_tokens = 0;
   int requested_tokens = 0;
   std::vector<double> itl;
+  std::string arm;  // the deployment a router chose ("" when the target is not a router)
 };
 
 // Splits an SSE stream into events and records when each content event arrived.
@@ -117,6 +123,7 @@ class SseReader {
 
   std::vector<double> event_times;  // seconds after the request was sent, content events
   int usage_completion_tokens = -1;
+  std::string model;                // the "model" the server answered with
   std::string error;
 
  private:
@@ -132,6 +139,7 @@ class SseReader {
     nlohmann::json j = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) { error = "unparsable SSE data: " + data.substr(0, 200); return; }
     if (j.contains("error")) { error = j["error"].dump(); done_ = true; return; }
+    if (model.empty() && j.contains("model") && j["model"].is_string()) model = j["model"].get<std::string>();
     if (j.contains("usage") && j["usage"].is_object() && j["usage"].contains("completion_tokens"))
       usage_completion_tokens = j["usage"]["completion_tokens"].get<int>();
     // A content event carries generated text (one token per event on llama.cpp-style servers).
@@ -147,13 +155,15 @@ class SseReader {
   bool done_ = false;
 };
 
-ServeRecord send_one(const Endpoint& ep, const std::string& model, const WorkloadRequest& r, double timeout) {
+ServeRecord send_one(const Endpoint& ep, const std::string& model, const std::string& user, const WorkloadRequest& r,
+                     double timeout) {
   ServeRecord rec;
   rec.requested_tokens = r.max_tokens;
   nlohmann::json body = {{"max_tokens", r.max_tokens}, {"stream", true}, {"temperature", 0},
                          // Honour the requested length (vLLM and llama.cpp understand it).
                          {"ignore_eos", true}, {"stream_options", {{"include_usage", true}}}};
   if (!model.empty()) body["model"] = model;
+  if (!user.empty()) body["user"] = user;
   if (!r.prompt.empty()) body["prompt"] = r.prompt;
   else body["prompt"] = r.prompt_ids;  // OpenAI accepts a prompt as token ids
   const auto sent = Clock::now();
@@ -176,6 +186,10 @@ ServeRecord send_one(const Endpoint& ep, const std::string& model, const Workloa
     parser.body_limit(std::numeric_limits<std::uint64_t>::max());
     http::read_header(stream, buffer, parser);
     const unsigned status = parser.get().result_int();
+    if (const auto route = parser.get()["x-tessera-route"]; !route.empty()) {
+      const std::string v(route);
+      rec.arm = v.substr(v.find('=') + 1);  // "ROUTER=ARM"
+    }
     SseReader sse(sent);
     std::string raw;  // kept for error messages
     char chunk[8192];
@@ -183,7 +197,9 @@ ServeRecord send_one(const Endpoint& ep, const std::string& model, const Workloa
       parser.get().body().data = chunk;
       parser.get().body().size = sizeof chunk;
       beast::error_code ec;
-      http::read(stream, buffer, parser, ec);
+      // read_some: hand over what arrived. http::read would wait until the 8 KiB body buffer
+      // is full, so every SSE event of its first 8 KiB would look as if it came at once.
+      http::read_some(stream, buffer, parser, ec);
       if (ec == http::error::need_buffer) ec = {};
       if (ec) throw beast::system_error(ec);
       const size_t n = sizeof chunk - parser.get().body().size;
@@ -203,6 +219,7 @@ ServeRecord send_one(const Endpoint& ep, const std::string& model, const Workloa
     // Servers that send several tokens per event report the count in usage.
     rec.output_tokens = sse.usage_completion_tokens >= 0 ? sse.usage_completion_tokens : static_cast<int>(t.size());
     rec.tpot = rec.output_tokens > 1 ? (t.back() - t.front()) / (rec.output_tokens - 1) : 0;
+    if (rec.arm.empty() && !model.empty() && !sse.model.empty() && sse.model != model) rec.arm = sse.model;
     rec.ok = true;
   } catch (const std::exception& e) {
     rec.error = e.what();
@@ -217,6 +234,7 @@ struct LevelResult {
   double makespan = 0;
   std::vector<ServeRecord> records;
   nlohmann::json metrics;
+  std::map<std::string, nlohmann::json> arms;  // per router arm, when the target was a router
 };
 
 nlohmann::json level_metrics(const LevelResult& lv, double slo_ttft, double slo_tpot) {
@@ -255,7 +273,8 @@ LevelResult run_level(const Endpoint& ep, const ServeOptions& opt, const Workloa
   auto request_of = [&](int i) -> const WorkloadRequest& { return w[static_cast<size_t>(i) % w.size()]; };
   auto run_request = [&](int i) {
     const double start = std::chrono::duration<double>(Clock::now() - level_start).count();
-    ServeRecord rec = send_one(ep, opt.model, request_of(i), opt.timeout);
+    const std::string user = opt.num_users > 0 ? "bench-user-" + std::to_string(i % opt.num_users) : "";
+    ServeRecord rec = send_one(ep, opt.model, user, request_of(i), opt.timeout);
     rec.start = start;
     lv.records[i] = std::move(rec);
     done.fetch_add(1);
@@ -292,6 +311,14 @@ LevelResult run_level(const Endpoint& ep, const ServeOptions& opt, const Workloa
   for (const auto& r : lv.records) end = std::max(end, r.start + r.e2e);
   lv.makespan = end;
   lv.metrics = level_metrics(lv, opt.slo_ttft, opt.slo_tpot);
+  // Per arm: the same figures over each arm's requests (throughput over the whole level).
+  std::map<std::string, LevelResult> by_arm;
+  for (const auto& r : lv.records)
+    if (r.ok && !r.arm.empty()) by_arm[r.arm].records.push_back(r);
+  for (auto& [arm, sub] : by_arm) {
+    sub.makespan = lv.makespan;
+    lv.arms[arm] = level_metrics(sub, opt.slo_ttft, opt.slo_tpot);
+  }
   return lv;
 }
 
@@ -334,6 +361,7 @@ void run_serve(ServeOptions opt) {
                     fmt(m["output_tokens_per_s"].get<double>(), 1), fmt(m["requests_per_s"].get<double>(), 2),
                     fmt(m["goodput_requests_per_s"].get<double>(), 2), trio("ttft"), trio("tpot"), trio("itl")});
     nlohmann::json lj = {{"label", lv.label}, {"offered", lv.offered}, {"metrics", m}};
+    if (!lv.arms.empty()) lj["arms"] = lv.arms;
     lj["errors"] = nlohmann::json::array();
     for (const auto& r : lv.records)
       if (!r.ok && lj["errors"].size() < 5) lj["errors"].push_back(r.error);
@@ -346,6 +374,26 @@ void run_serve(ServeOptions opt) {
   std::fprintf(stderr, "server %s; SLO: TTFT <= %.0f ms, TPOT <= %.0f ms\n", opt.url.c_str(), opt.slo_ttft * 1e3,
                opt.slo_tpot * 1e3);
   print_table(header, rows);
+  // A router target: the same columns per arm.
+  std::vector<std::vector<std::string>> arm_rows;
+  for (const auto& lv : levels) {
+    for (const auto& [arm, m] : lv.arms) {
+      auto trio = [&](const char* k) {
+        const std::string b = k;
+        return fmt(m[b + "_p50_ms"].get<double>(), 1) + "/" + fmt(m[b + "_p90_ms"].get<double>(), 1) + "/" +
+               fmt(m[b + "_p99_ms"].get<double>(), 1);
+      };
+      arm_rows.push_back({lv.label + " arm " + arm, std::to_string(m["completed"].get<int64_t>()),
+                          fmt(m["output_tokens_per_s"].get<double>(), 1), fmt(m["requests_per_s"].get<double>(), 2),
+                          fmt(m["goodput_requests_per_s"].get<double>(), 2), trio("ttft"), trio("tpot"), trio("itl")});
+    }
+  }
+  if (!arm_rows.empty()) {
+    std::fprintf(stderr, "per router arm (x-tessera-route):\n");
+    auto arm_header = header;
+    arm_header[1] = "ok";
+    print_table(arm_header, arm_rows);
+  }
   for (const auto& lv : levels)
     for (const auto& r : lv.records)
       if (!r.ok) { std::fprintf(stderr, "%s: first error: %s\n", lv.label.c_str(), r.error.c_str()); break; }
@@ -353,6 +401,7 @@ void run_serve(ServeOptions opt) {
   if (!opt.html_path.empty())
     write_html(opt.html_path, "tessera bench serve",
                {"<p>" + html_escape(opt.url) + "</p>", html_table(header, rows),
+                arm_rows.empty() ? std::string() : "<h2>per router arm</h2>" + html_table(header, arm_rows),
                 svg_line_chart("latency vs throughput", "output tokens/s", "ms", {ttft_curve, tpot_curve, itl_curve})});
 }
 
@@ -371,6 +420,10 @@ void add_serve_subcommand(CLI::App& bench) {
   cmd->add_option("--rate", opt->rates, "Poisson arrival rates in requests/s, e.g. 1,2,4")->delimiter(',');
   cmd->add_option("--concurrency", opt->concurrency, "fixed numbers of clients, e.g. 1,4,16")->delimiter(',');
   cmd->add_option("-n,--num-requests", opt->num_requests, "requests per load level")->capture_default_str();
+  cmd->add_option("--users", opt->num_users,
+                  "send `user` from this many distinct users (request i is user i mod N), so a sticky A/B router "
+                  "splits them; 0: no user field")
+      ->capture_default_str();
   cmd->add_option("--slo-ttft", opt->slo_ttft_text, "TTFT objective for goodput (e.g. 1s, 500ms)")->capture_default_str();
   cmd->add_option("--slo-tpot", opt->slo_tpot_text, "TPOT objective for goodput (e.g. 100ms)")->capture_default_str();
   cmd->add_option("--timeout", opt->timeout, "seconds per request")->capture_default_str();

@@ -66,37 +66,44 @@ void run_config_check(const ConfigCheckOptions& options) {
   }
 
   std::printf("%s: ok\n", file.c_str());
-  const ModelConfig& model = config.model;
-  std::printf("  %-18s %s (served as '%s', threads %s, context %s)\n", "model:", model.path.c_str(),
-              model.name.c_str(),
-              model.threads ? std::to_string(model.threads).c_str() : "all",
-              model.context_length ? std::to_string(model.context_length).c_str() : "model's");
-  // Not an error: the stack is valid, the weights may just not be fetched yet.
-  try {
-    std::string path = resolve_model_path(model.path,
-                                          std::filesystem::path(file).parent_path().string());
-    std::printf("  %-18s   file %s\n", "", path.c_str());
-  } catch (const std::exception& e) {
-    std::printf("  %-18s   note: %s\n", "", e.what());
-  }
-  for (const auto& dir : config.plugin_paths) std::printf("  %-18s %s\n", "plugin_path:", dir.c_str());
-
-  static constexpr PluginKind kOrder[] = {
-      PluginKind::kBackend,   PluginKind::kScheduler, PluginKind::kKvCache, PluginKind::kAttention,
-      PluginKind::kQuantizer, PluginKind::kSampler,   PluginKind::kDrafter, PluginKind::kConstraint};
-  for (PluginKind kind : kOrder) {
-    const std::string key = std::string("engine.") + plugin_kind_name(kind);
-    auto it = config.engine.find(kind);
-    if (it == config.engine.end()) {
-      std::printf("  %-18s off\n", (key + ":").c_str());
-      continue;
+  // A single stack prints as `model:` / `engine.*`; several deployments under their key paths.
+  const bool several = config.deployments.size() > 1;
+  for (const DeploymentConfig& d : config.deployments) {
+    const std::string prefix = several ? "deployments." + d.name + "." : "";
+    const ModelConfig& model = d.model;
+    std::printf("  %-18s %s (served as '%s', threads %s, context %s)\n", (prefix + "model:").c_str(),
+                model.path.c_str(), model.name.c_str(),
+                model.threads ? std::to_string(model.threads).c_str() : "all",
+                model.context_length ? std::to_string(model.context_length).c_str() : "model's");
+    // Not an error: the stack is valid, the weights may just not be fetched yet.
+    try {
+      std::string path = resolve_model_path(model.path,
+                                            std::filesystem::path(file).parent_path().string());
+      std::printf("  %-18s   file %s\n", "", path.c_str());
+    } catch (const std::exception& e) {
+      std::printf("  %-18s   note: %s\n", "", e.what());
     }
-    print_slot(registry, kind, key, it->second);
+    if (&d == &config.deployments.front())
+      for (const auto& dir : config.plugin_paths) std::printf("  %-18s %s\n", "plugin_path:", dir.c_str());
+
+    static constexpr PluginKind kOrder[] = {
+        PluginKind::kBackend,   PluginKind::kScheduler, PluginKind::kKvCache, PluginKind::kAttention,
+        PluginKind::kQuantizer, PluginKind::kSampler,   PluginKind::kDrafter, PluginKind::kConstraint};
+    for (PluginKind kind : kOrder) {
+      const std::string key = prefix + "engine." + plugin_kind_name(kind);
+      auto it = d.engine.find(kind);
+      if (it == d.engine.end()) {
+        std::printf("  %-18s off\n", (key + ":").c_str());
+        continue;
+      }
+      print_slot(registry, kind, key, it->second);
+    }
   }
   for (size_t i = 0; i < config.cache_layers.size(); ++i)
     print_slot(registry, PluginKind::kCacheLayer, "gateway.cache[" + std::to_string(i) + "]",
                config.cache_layers[i]);
-  if (config.router) print_slot(registry, PluginKind::kRouter, "gateway.router", *config.router);
+  if (config.router)
+    print_slot(registry, PluginKind::kRouter, "gateway.router (model '" + config.router_name + "')", *config.router);
   std::printf("  %-18s %s:%d (%zu API key%s)\n", "server:", config.server.host.c_str(),
               config.server.port, config.server.api_keys.size(),
               config.server.api_keys.size() == 1 ? "" : "s");

@@ -49,19 +49,24 @@ void run_serve(const ServeOptions& opt) {
   // Declared before the engine so it outlives it: engine callbacks hold sockets of this
   // io_context until the engine drops them.
   net::io_context io{1};
-  LoadedStack stack = load_stack(opt.config, /*quiet=*/false);
+  LoadedGateway stack = load_gateway(opt.config, /*quiet=*/false);
   ServerConfig& server_config = stack.config.server;
   if (opt.host) server_config.host = *opt.host;
   if (opt.port) {
     if (*opt.port < 0 || *opt.port > 65535) throw CommandError("--port: expected 0..65535, got " + std::to_string(*opt.port));
     server_config.port = *opt.port;
   }
-  Engine& engine = *stack.engine;
-  const std::string model_id =
-      stack.config.model.name.empty() ? engine.model().name() : stack.config.model.name;
+  Gateway& gateway = *stack.gateway;
+  // The stats page and dashboard follow the first deployment's engine.
+  Engine& engine = gateway.engine(0);
+  const std::string model_id = gateway.deployment(0).name();
+  std::string served;
+  for (size_t i = 0; i < gateway.num_deployments(); ++i)
+    served += (i ? ", \"" : "\"") + gateway.deployment(i).name() + "\"";
+  if (gateway.has_router()) served += ", \"" + gateway.router_name() + "\" (router)";
   const auto api_keys = collect_api_keys(server_config);
 
-  server::OpenAiService service(engine, server_config, model_id, api_keys);
+  server::OpenAiService service(gateway, server_config, api_keys);
   // /v1/stats and /dashboard: one sample per second of what /metrics reports, 15 minutes kept.
   server::StatsOptions stats_options;
   stats_options.roofline_report = opt.roofline_report;
@@ -74,11 +79,12 @@ void run_serve(const ServeOptions& opt) {
   } catch (const std::exception& e) {
     throw CommandError(e.what());
   }
-  engine.start();
+  gateway.start();
   stats.start();
 
   const std::string url = "http://" + server_config.host + ":" + std::to_string(http.port());
-  std::fprintf(stderr, "tessera serve: listening on %s, model \"%s\"%s\n", url.c_str(), model_id.c_str(),
+  std::fprintf(stderr, "tessera serve: listening on %s, %s %s%s\n", url.c_str(),
+               gateway.num_deployments() + gateway.has_router() > 1 ? "models" : "model", served.c_str(),
                api_keys.empty() ? "" : ", API key required");
   std::fprintf(stderr,
                "try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d "
@@ -138,11 +144,11 @@ void run_serve(const ServeOptions& opt) {
   stats.stop();
   // Teardown order: no more engine callbacks, then connections closed while the server and
   // io_context still exist, then the engine's leftover requests (and their sockets) freed.
-  engine.stop();
+  gateway.stop();
   http.close_all();
   io.restart();
   io.poll();
-  stack.engine.reset();
+  stack.gateway.reset();
   io.poll();
   std::fprintf(stderr, "tessera serve: stopped\n");
 }

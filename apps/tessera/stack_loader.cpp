@@ -67,4 +67,30 @@ LoadedStack load_stack(const std::string& config_path, bool quiet) {
   return s;
 }
 
+LoadedGateway load_gateway(const std::string& config_path, bool quiet) {
+  LoadedGateway g;
+  g.registry = std::make_unique<PluginRegistry>();
+  g.registry->scan_default_paths();
+  const std::string path = config_path.empty() ? default_config_path() : config_path;
+  g.config = load_stack_config(path, *g.registry);
+  Gateway::ProgressFn progress;
+  std::string label;
+  if (!quiet)
+    progress = [&label](const std::string& deployment, size_t done, size_t total) {
+      label = "loading " + deployment;
+      print_progress(label.c_str(), done, total);
+    };
+  g.gateway = Gateway::build(g.config, *g.registry, progress);
+  if (!quiet) {
+    for (size_t i = 0; i < g.gateway->num_deployments(); ++i) {
+      const Engine& e = g.gateway->engine(i);
+      const Model& m = e.model();
+      std::fprintf(stderr, "deployment \"%s\": %s (%s, %d layers, %.1f MiB of weights), context %d\n",
+                   g.gateway->deployment(i).name().c_str(), m.name().c_str(), m.hparams().architecture.c_str(),
+                   m.hparams().num_layers, m.weight_bytes() / 1048576.0, e.max_context());
+    }
+  }
+  return g;
+}
+
 }  // namespace tessera::cli

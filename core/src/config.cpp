@@ -488,6 +488,26 @@ std::optional<Tree> parse_yaml(const std::string& text, const std::string& file,
   }
 }
 
+// Removes `extends:` from a mapping. Returns false on a malformed value (reported under
+// `key_path`); otherwise *base is the base file (relative paths resolved against the file that
+// wrote them), empty when there is none, and *from where it was written.
+bool take_extends(Tree& tree, const std::string& key_path, IssueList& issues, fs::path* base, Position* from) {
+  base->clear();
+  auto it = std::find_if(tree.entries.begin(), tree.entries.end(),
+                         [](const TreeEntry& e) { return e.key == "extends"; });
+  if (it == tree.entries.end()) return true;
+  TreeEntry extends = std::move(*it);
+  tree.entries.erase(it);
+  if (!extends.value.is_scalar() || extends.value.scalar().empty()) {
+    issues.add(extends.value, key_path, "expected the path of a base config file, got " + describe_got(extends.value));
+    return false;
+  }
+  *base = fs::path(extends.value.scalar());
+  if (base->is_relative()) *base = fs::path(extends.value.file).parent_path() / *base;
+  *from = Position{extends.value.file, extends.value.mark};
+  return true;
+}
+
 // Loads `path` and, recursively, what it extends. `chain` holds the canonical paths of the
 // files currently being loaded, to detect cycles. `from` is where `path` was named (the
 // extends: value), used when the file cannot be read.
@@ -529,21 +549,12 @@ std::optional<Tree> load_tree(const fs::path& path, const std::optional<Position
                               describe_got(*tree));
     return std::nullopt;
   }
-  auto it = std::find_if(tree->entries.begin(), tree->entries.end(),
-                         [](const TreeEntry& e) { return e.key == "extends"; });
-  if (it == tree->entries.end()) return tree;
-
-  TreeEntry extends = std::move(*it);
-  tree->entries.erase(it);
-  if (!extends.value.is_scalar() || extends.value.scalar().empty()) {
-    issues.add(extends.value, "extends",
-               "expected the path of a base config file, got " + describe_got(extends.value));
-    return std::nullopt;
-  }
-  fs::path base_path = fs::path(extends.value.scalar());
-  if (base_path.is_relative()) base_path = path.parent_path() / base_path;
+  fs::path base_path;
+  Position extends_at{shown, YAML::Mark::null_mark()};
+  if (!take_extends(*tree, "extends", issues, &base_path, &extends_at)) return std::nullopt;
+  if (base_path.empty()) return tree;
   chain.emplace_back(canonical.string(), shown);
-  auto base = load_tree(base_path, Position{extends.value.file, extends.value.mark}, chain, issues);
+  auto base = load_tree(base_path, extends_at, chain, issues);
   chain.pop_back();
   if (!base) return std::nullopt;
   merge_into(*base, std::move(*tree));
@@ -773,16 +784,30 @@ class StackValidator {
   StackConfig validate(const Tree& root) {
     StackConfig config;
     config.file = top_file_;
-    check_keys(root, "", {"extends", "plugin_paths", "model", "engine", "gateway", "server"});
+    check_keys(root, "", {"extends", "plugin_paths", "model", "engine", "deployments", "gateway", "server"});
     // Plugin folders first: the slots below may name plugins that live there.
     if (const TreeEntry* e = root.find("plugin_paths")) validate_plugin_paths(*e, &config);
-    if (const TreeEntry* e = root.find("model")) {
-      validate_model(*e, &config.model);
+    if (const TreeEntry* d = root.find("deployments")) {
+      for (const char* key : {"model", "engine"})
+        if (const TreeEntry* e = root.find(key))
+          issues_.add_at_key(*e, key,
+                             "with 'deployments:' each deployment has its own model and engine; move "
+                             "this section into one of them");
+      validate_deployments(*d, &config);
+      if (!config.deployments.empty()) {
+        config.model = config.deployments.front().model;
+        config.engine = config.deployments.front().engine;
+      }
     } else {
-      issues_.add(Position{root.file, root.mark}, "",
-                  "missing required key 'model' (at least {path: MODEL})");
+      if (const TreeEntry* e = root.find("model")) {
+        validate_model(*e, "model", &config.model);
+      } else {
+        issues_.add(Position{root.file, root.mark}, "",
+                    "missing required key 'model' (at least {path: MODEL}), or 'deployments'");
+      }
+      validate_engine(root, "engine", &config.engine);
+      config.deployments.push_back(DeploymentConfig{config.model.name, config.model, config.engine});
     }
-    validate_engine(root, &config);
     if (const TreeEntry* e = root.find("gateway")) validate_gateway(*e, &config);
     if (const TreeEntry* e = root.find("server")) validate_server(*e, &config.server);
     return config;
@@ -861,18 +886,18 @@ class StackValidator {
     }
   }
 
-  void validate_model(const TreeEntry& entry, ModelConfig* model) {
+  void validate_model(const TreeEntry& entry, const std::string& path, ModelConfig* model) {
     const Tree& map = entry.value;
-    if (!check_keys(map, "model", {"path", "name", "threads", "context_length"})) return;
+    if (!check_keys(map, path, {"path", "name", "threads", "context_length"})) return;
     static const ParamSpec kPath{"path", ParamType::kString, nullptr,
                                  "a model name from the cache or a .gguf file path"};
     static const ParamSpec kName{"name", ParamType::kString, "", "served model id"};
     static const ParamSpec kThreads{"threads", ParamType::kInt, "0", "", 0, kMaxThreadPoolThreads};
     static const ParamSpec kContext{"context_length", ParamType::kInt, "0", "", 0, 1 << 30};
-    field(entry, "model", kPath, &model->path);
-    field(entry, "model", kName, &model->name);
-    field(entry, "model", kThreads, &model->threads);
-    field(entry, "model", kContext, &model->context_length);
+    field(entry, path, kPath, &model->path);
+    field(entry, path, kName, &model->name);
+    field(entry, path, kThreads, &model->threads);
+    field(entry, path, kContext, &model->context_length);
     if (const TreeEntry* path_entry = map.find("path");
         path_entry && !model->path.empty() && fs::path(model->path).is_relative()) {
       // A relative file path means relative to the file that set it.
@@ -935,20 +960,21 @@ class StackValidator {
     return slot;
   }
 
-  void validate_engine(const Tree& root, StackConfig* config) {
+  // `prefix`: "engine", or "deployments.NAME.engine".
+  void validate_engine(const Tree& root, const std::string& prefix, std::map<PluginKind, PluginSlot>* slots) {
     const TreeEntry* engine = root.find("engine");
-    if (engine && !check_keys(engine->value, "engine",
+    if (engine && !check_keys(engine->value, prefix,
                               {"backend", "scheduler", "kv_cache", "attention", "quantizer",
                                "sampler", "drafter", "constraint"}))
       return;
     for (PluginKind kind : kEngineKinds) {
-      const std::string path = std::string("engine.") + plugin_kind_name(kind);
+      const std::string path = prefix + "." + plugin_kind_name(kind);
       const TreeEntry* entry = engine ? engine->value.find(plugin_kind_name(kind)) : nullptr;
       if (entry) {
         bool off = false;
         auto slot = validate_slot(entry->value, Position{entry->key_file, entry->key_mark}, kind,
                                   path, engine_slot_is_optional(kind), &off);
-        if (slot) config->engine[kind] = std::move(*slot);
+        if (slot) (*slots)[kind] = std::move(*slot);
         continue;
       }
       const char* default_name = default_engine_plugin(kind);
@@ -976,8 +1002,64 @@ class StackValidator {
       slot.plugin = default_name;
       slot.file = top_file_;
       slot.config = PluginConfig(default_name, path, std::move(values));
-      config->engine[kind] = std::move(slot);
+      (*slots)[kind] = std::move(slot);
     }
+  }
+
+  // `deployments: {NAME: {extends: FILE?, model: {...}, engine: {...}}, ...}`. A deployment
+  // that extends a file takes that file's model and engine (its other sections belong to a
+  // whole stack and are ignored) and merges its own keys over them.
+  void validate_deployments(const TreeEntry& entry, StackConfig* config) {
+    const Tree& map = entry.value;
+    if (!map.is_map() || map.entries.empty()) {
+      issues_.add(map, "deployments",
+                  "expected a mapping of deployment names to stacks {model: ..., engine: ...}, got " +
+                      describe_got(map));
+      return;
+    }
+    for (const TreeEntry& d : map.entries) {
+      const std::string path = "deployments." + d.key;
+      Tree tree = d.value;
+      if (!tree.is_map()) {
+        issues_.add(tree, path, "expected a deployment {extends: FILE, model: ..., engine: ...}, got " +
+                                    describe_got(tree));
+        continue;
+      }
+      if (!resolve_deployment_extends(path, &tree)) continue;
+      if (!check_keys(tree, path, {"model", "engine"})) continue;
+      DeploymentConfig dc;
+      dc.name = d.key;
+      if (const TreeEntry* m = tree.find("model")) {
+        if (const TreeEntry* n = m->value.find("name"))
+          issues_.add_at_key(*n, path + ".model.name",
+                             "a deployment is served under its key '" + d.key + "'; remove 'name'");
+        validate_model(*m, path + ".model", &dc.model);
+      } else {
+        issues_.add_at_key(d, path, "missing required key 'model' (at least {path: MODEL})");
+      }
+      dc.model.name = d.key;
+      validate_engine(tree, path + ".engine", &dc.engine);
+      config->deployments.push_back(std::move(dc));
+    }
+  }
+
+  bool resolve_deployment_extends(const std::string& path, Tree* tree) {
+    fs::path base_path;
+    Position extends_at{top_file_, YAML::Mark::null_mark()};
+    if (!take_extends(*tree, path + ".extends", issues_, &base_path, &extends_at)) return false;
+    if (base_path.empty()) return true;
+    std::vector<std::pair<std::string, std::string>> chain;
+    auto base = load_tree(base_path, extends_at, chain, issues_);
+    if (!base) return false;
+    Tree kept;
+    kept.type = Tree::Type::kMap;
+    kept.file = base->file;
+    kept.mark = base->mark;
+    for (auto& e : base->entries)
+      if (e.key == "model" || e.key == "engine") kept.entries.push_back(std::move(e));
+    merge_into(kept, std::move(*tree));
+    *tree = std::move(kept);
+    return true;
   }
 
   void validate_gateway(const TreeEntry& entry, StackConfig* config) {
@@ -997,9 +1079,31 @@ class StackValidator {
       }
     }
     if (const TreeEntry* router = map.find("router")) {
-      auto slot = validate_slot(router->value, Position{router->key_file, router->key_mark},
+      // `name` belongs to the gateway, not to the plugin: the model id that picks the router.
+      Tree slot_tree = router->value;
+      std::string name;
+      if (slot_tree.is_map()) {
+        auto it = std::find_if(slot_tree.entries.begin(), slot_tree.entries.end(),
+                               [](const TreeEntry& e) { return e.key == "name"; });
+        if (it != slot_tree.entries.end()) {
+          if (!it->value.is_scalar() || it->value.scalar().empty())
+            issues_.add(it->value, "gateway.router.name",
+                        "expected the model id clients send to reach the router, got " + describe_got(it->value));
+          else
+            name = it->value.scalar();
+          slot_tree.entries.erase(it);
+        }
+      }
+      auto slot = validate_slot(slot_tree, Position{router->key_file, router->key_mark},
                                 PluginKind::kRouter, "gateway.router", true);
-      if (slot) config->router = std::move(*slot);
+      if (slot) {
+        config->router_name = name.empty() ? slot->plugin : name;
+        for (const auto& d : config->deployments)
+          if (d.name == config->router_name)
+            issues_.add_at_key(*router, "gateway.router.name",
+                               "'" + config->router_name + "' is also a deployment's name; give the router another");
+        config->router = std::move(*slot);
+      }
     }
   }
 
@@ -1121,6 +1225,13 @@ std::string format_param_value(const ParamSpec& spec, const ParamValue& value) {
         }
       },
       value);
+}
+
+StackConfig deployment_stack(const StackConfig& config, size_t index) {
+  StackConfig out = config;
+  out.model = config.deployments.at(index).model;
+  out.engine = config.deployments.at(index).engine;
+  return out;
 }
 
 StackConfig load_stack_config(const std::string& path, PluginRegistry& registry) {

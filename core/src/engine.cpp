@@ -170,7 +170,7 @@ Status Engine::compile_constraint(const ConstraintSpec& spec,
 
 Engine::~Engine() { stop(); }
 
-Status Engine::submit(GenerationRequest request, uint64_t* request_id) {
+Status Engine::check(const GenerationRequest& request) const {
   const int32_t vocab = components_.model->hparams().vocab_size;
   const auto prompt_len = static_cast<int64_t>(request.prompt.size());
   if (request.prompt.empty()) return invalid_argument("prompt: must contain at least one token");
@@ -199,6 +199,12 @@ Status Engine::submit(GenerationRequest request, uint64_t* request_id) {
     return out_of_range("max_tokens: prompt (" + std::to_string(prompt_len) + " tokens) + max_tokens (" +
                         std::to_string(request.params.max_tokens) + ") exceeds the context of " +
                         std::to_string(max_context_) + " tokens");
+  return Status::ok();
+}
+
+Status Engine::submit(GenerationRequest request, uint64_t* request_id) {
+  if (Status st = check(request); !st.is_ok()) return st;
+  const auto prompt_len = request.prompt.size();
   try {
     auto r = std::make_shared<Request>();
     r->spec = std::move(request);

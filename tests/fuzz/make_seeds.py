@@ -83,6 +83,9 @@ def config_seeds():
     write("config", "extends", b"extends: base.yaml\nengine:\n  kv_cache: {plugin: paged, memory: 64MiB}\n")
     write("config", "anchors", b"a: &x {plugin: static}\nengine: {scheduler: *x}\nmodel: {path: m}\n")
     write("config", "server", b"model: {path: m}\nserver: {host: 127.0.0.1, port: 0, api_keys: [k]}\n")
+    write("config", "deployments", b"deployments:\n  a: {model: {path: m}}\n  b: {extends: base.yaml, engine: "
+          b"{scheduler: {plugin: continuous}}}\ngateway: {cache: [{plugin: exact, ttl: 1m}], "
+          b"router: {plugin: ab-split, name: ab, arms: {a: 1, b: 3}}}\n")
 
 
 def tokenizer_seeds():

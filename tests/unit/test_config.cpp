@@ -442,7 +442,7 @@ server: {host: localhost, prot: 80}
   INFO(dump(issues));
   const std::string f = file.string();
   CHECK(has_issue(issues, f + ":2:1: unknown key 'engin'; did you mean 'engine'? expected one "
-                              "of: extends, plugin_paths, model, engine, gateway, server"));
+                              "of: extends, plugin_paths, model, engine, deployments, gateway, server"));
   CHECK(has_issue(issues, f + ":1:18: model: unknown key 'thread'; did you mean 'threads'? "
                               "expected one of: path, name, threads, context_length"));
   CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
@@ -537,7 +537,8 @@ gateway:
                               "plugin's name; registered: contiguous, paged)"));
   CHECK(has_issue(issues, f + ":6:21: engine.drafter: plugin 'test-abi-mismatch' could not be "
                               "loaded: libtessera-test-abi-mismatch.so: built for Tessera SDK ABI "
-                              "3.0, this host implements ABI 2.1 (the major versions must match)"));
+                              "3.0, this host implements ABI " + std::to_string(kSdkAbiMajor) + "." +
+                              std::to_string(kSdkAbiMinor) + " (the major versions must match)"));
   CHECK(has_issue(issues, f + ":7:14: engine.attention: expected a plugin slot {plugin: NAME, "
                               "...parameters}, got \"naive\""));
   CHECK(has_issue(issues, f + ":9:20: gateway.cache[0]: unknown cache_layer plugin 'redis'; "
@@ -806,4 +807,74 @@ TEST_CASE("hostile configs: alias bombs, deep nesting, devices, FIFOs, huge file
   file = write_file(dir / "threads.yaml", "model: {path: x, threads: 4000}\n");
   check_single(load_errors(file),
                file.string() + ":1:27: model.threads: expected an integer in [0, 512], got 4000");
+}
+
+TEST_CASE("deployments: each is a stack served under its key; extends takes a file's model and engine") {
+  auto dir = test::scratch_dir("config-deployments");
+  write_file(dir / "base.yaml", R"(model: {path: base.gguf, threads: 2}
+engine:
+  scheduler: {plugin: static, max_num_seqs: 8}
+server: {port: 9001}
+)");
+  auto file = write_file(dir / "gw.yaml", R"(deployments:
+  small: {extends: base.yaml}
+  large:
+    extends: base.yaml
+    engine: {scheduler: {plugin: chunked-prefill}}
+  other: {model: {path: other.gguf}}
+gateway:
+  cache: [{plugin: exact}]
+  router: {plugin: classifier, name: auto, routes: {simple: small, complex: large}}
+)");
+  auto registry = make_registry();
+  StackConfig config = load_stack_config(file.string(), *registry);
+  REQUIRE(config.deployments.size() == 3);
+  CHECK(config.deployments[0].name == "small");
+  CHECK(config.deployments[0].model.name == "small");
+  CHECK(config.deployments[0].model.threads == 2);
+  CHECK(config.deployments[0].engine.at(PluginKind::kScheduler).config.get_int("max_num_seqs") == 8);
+  CHECK(config.deployments[1].engine.at(PluginKind::kScheduler).plugin == "chunked-prefill");
+  CHECK(config.deployments[2].model.path.find("other.gguf") != std::string::npos);
+  CHECK(config.deployments[2].engine.at(PluginKind::kScheduler).plugin == "static");  // the default
+  // The default deployment is what the single-model commands run; the base's server: is not taken.
+  CHECK(config.model.name == "small");
+  CHECK(config.server.port == 8080);
+  CHECK(config.router_name == "auto");
+  REQUIRE(config.router.has_value());
+  CHECK(config.router->config.get_string_map("routes").size() == 2);
+  CHECK(deployment_stack(config, 1).engine.at(PluginKind::kScheduler).plugin == "chunked-prefill");
+
+  // A single stack is one deployment named after its model.
+  auto single = write_file(dir / "single.yaml", "model: {path: m.gguf}\n");
+  StackConfig one = load_stack_config(single.string(), *registry);
+  REQUIRE(one.deployments.size() == 1);
+  CHECK(one.deployments[0].name == "m");
+  CHECK(one.router_name.empty());
+}
+
+TEST_CASE("deployments: mistakes name the deployment's key path") {
+  auto dir = test::scratch_dir("config-deployments-errors");
+  auto both = write_file(dir / "both.yaml", "model: {path: m.gguf}\ndeployments: {a: {model: {path: a.gguf}}}\n");
+  check_single(load_errors(both), both.string() +
+                                      ":1:1: model: with 'deployments:' each deployment has its own model and "
+                                      "engine; move this section into one of them");
+  auto named = write_file(dir / "named.yaml", "deployments: {a: {model: {path: a.gguf, name: b}}}\n");
+  check_single(load_errors(named), named.string() +
+                                       ":1:41: deployments.a.model.name: a deployment is served under its key "
+                                       "'a'; remove 'name'");
+  auto bad = write_file(dir / "bad.yaml", R"(deployments:
+  a: {model: {path: a.gguf}, engine: {scheduler: {plugin: static, max_batch_tokens: 0}}}
+  b: {modle: {path: b.gguf}}
+)");
+  auto issues = load_errors(bad);
+  INFO(dump(issues));
+  CHECK(has_issue(issues, bad.string() + ":2:85: deployments.a.engine.scheduler.max_batch_tokens: expected an "
+                                         "integer >= 1, got 0"));
+  CHECK(has_issue(issues, bad.string() + ":3:7: deployments.b: unknown key 'modle'; did you mean 'model'? expected one of: model, engine"));
+  auto clash = write_file(dir / "clash.yaml", R"(deployments: {auto: {model: {path: a.gguf}}}
+gateway: {router: {plugin: classifier, name: auto, routes: {x: auto}}}
+)");
+  check_single(load_errors(clash), clash.string() +
+                                       ":2:11: gateway.router.name: 'auto' is also a deployment's name; give "
+                                       "the router another");
 }

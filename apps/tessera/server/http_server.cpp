@@ -173,11 +173,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     }
     queue_write(serialize(res));
   }
-  void start_stream(http::status status, const std::string& content_type) {
+  void start_stream(http::status status, const std::string& content_type,
+                    const std::vector<std::pair<std::string, std::string>>& headers) {
     if (streaming_) return;
     streaming_ = true;
     http::response<http::empty_body> res{status, 11};
     res.set(http::field::content_type, content_type);
+    for (const auto& [name, value] : headers) res.set(name, value);
     res.set(http::field::cache_control, "no-cache");
     res.keep_alive(keep_alive_ && !draining_);
     res.chunked(true);
@@ -474,8 +476,9 @@ class RequestChannel : public ResponseChannel {
   void respond(HttpResponse response) override {
     if (session_->accepts(serial_)) session_->respond(std::move(response));
   }
-  void start_stream(http::status status, const std::string& content_type) override {
-    if (session_->accepts(serial_)) session_->start_stream(status, content_type);
+  void start_stream(http::status status, const std::string& content_type,
+                    const std::vector<std::pair<std::string, std::string>>& headers) override {
+    if (session_->accepts(serial_)) session_->start_stream(status, content_type, headers);
   }
   void send_chunk(std::string data) override {
     if (session_->accepts(serial_)) session_->send_chunk(std::move(data));

@@ -19,6 +19,8 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "tessera/config.h"
 
@@ -36,8 +38,10 @@ class ResponseChannel {
   virtual ~ResponseChannel() = default;
   virtual boost::asio::any_io_executor executor() = 0;
   virtual void respond(HttpResponse response) = 0;
-  // Sends the status line and headers of a chunked response (e.g. text/event-stream).
-  virtual void start_stream(http::status status, const std::string& content_type) = 0;
+  // Sends the status line and headers of a chunked response (e.g. text/event-stream), with
+  // `headers` added.
+  virtual void start_stream(http::status status, const std::string& content_type,
+                            const std::vector<std::pair<std::string, std::string>>& headers = {}) = 0;
   virtual void send_chunk(std::string data) = 0;
   virtual void end_stream() = 0;
   // `fn` runs once if the connection goes away before the response was fully written: the

@@ -41,15 +41,79 @@ void Histogram::observe(double value) {
   ++count_;
 }
 
-void Histogram::render(const std::string& name, std::string* out) const {
+void Histogram::render(const std::string& name, std::string* out, const std::string& labels) const {
+  const std::string pre = labels.empty() ? "" : labels + ",";
+  const std::string own = labels.empty() ? "" : "{" + labels + "}";
   uint64_t cumulative = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cumulative += counts_[i];
-    *out += name + "_bucket{le=\"" + number(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+    *out += name + "_bucket{" + pre + "le=\"" + number(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
   }
-  *out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
-  sample(out, name + "_sum", sum_);
-  *out += name + "_count " + std::to_string(count_) + "\n";
+  *out += name + "_bucket{" + pre + "le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  sample(out, name + "_sum" + own, sum_);
+  *out += name + "_count" + own + " " + std::to_string(count_) + "\n";
+}
+
+ServerMetrics::Latencies::Latencies()
+    : queue_time(latency_buckets()), ttft(latency_buckets()), tpot(latency_buckets()) {}
+
+namespace {
+void observe_latencies(ServerMetrics::Latencies& l, const RequestTimings& t) {
+  if (t.first_scheduled >= 0) l.queue_time.observe(t.queue_time());
+  if (t.first_token >= 0) l.ttft.observe(t.ttft());
+  if (t.token_times.size() > 1) l.tpot.observe(t.tpot());
+}
+std::string label(const char* name, const std::string& value) {
+  std::string out = std::string(name) + "=\"";
+  for (char c : value) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '\\' || c == '"') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+}  // namespace
+
+void ServerMetrics::render_deployment_engines(const std::vector<std::pair<std::string, EngineStats>>& engines,
+                                              std::string* out) {
+  if (engines.empty()) return;
+  struct Gauge {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const EngineStats&);
+  };
+  static const Gauge kGauges[] = {
+      {"tessera_deployment_engine_steps_total", "counter", "Engine steps, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.num_steps); }},
+      {"tessera_deployment_running_sequences", "gauge", "Sequences running, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.num_running); }},
+      {"tessera_deployment_waiting_sequences", "gauge", "Sequences waiting to be scheduled, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.num_waiting); }},
+      {"tessera_deployment_kv_blocks_used", "gauge", "KV blocks referenced by live sequences, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.kv.num_used_blocks); }},
+      {"tessera_deployment_kv_blocks_total", "gauge", "KV blocks in the pool, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.kv.num_blocks); }},
+  };
+  for (const Gauge& g : kGauges) {
+    header(out, g.name, g.type, g.help);
+    for (const auto& [name, stats] : engines)
+      sample(out, std::string(g.name) + "{" + label("deployment", name) + "}", g.value(stats));
+  }
+}
+
+void ServerMetrics::observe_deployment(const std::string& deployment, const RequestTimings& t) {
+  observe_latencies(by_deployment_[deployment], t);
+}
+void ServerMetrics::count_cache(const std::string& deployment, const std::string& result, const std::string& tier) {
+  ++cache_[{deployment, result, tier}];
+}
+void ServerMetrics::count_route(const std::string& router, const std::string& arm) { ++routed_[{router, arm}]; }
+void ServerMetrics::observe_arm(const std::string& router, const std::string& arm, const RequestTimings& t) {
+  observe_latencies(by_arm_[{router, arm}], t);
 }
 
 ServerMetrics::ServerMetrics()
@@ -107,6 +171,48 @@ std::string ServerMetrics::render(const EngineStats& e) const {
   e2e_.render("tessera_e2e_request_latency_seconds", &out);
   header(&out, "tessera_output_tokens_per_sequence", "histogram", "Generated tokens per sequence.");
   output_tokens_.render("tessera_output_tokens_per_sequence", &out);
+
+  // The gateway: per deployment, per cache result, per router arm. A family is written only
+  // once it has a sample (a parser refuses a HELP/TYPE without one).
+  if (!by_deployment_.empty()) {
+    header(&out, "tessera_deployment_queue_time_seconds", "histogram",
+           "Arrival to first scheduled step, per model-served sequence, by deployment.");
+    for (const auto& [d, l] : by_deployment_)
+      l.queue_time.render("tessera_deployment_queue_time_seconds", &out, label("deployment", d));
+    header(&out, "tessera_deployment_time_to_first_token_seconds", "histogram",
+           "Arrival to first generated token, per model-served sequence, by deployment.");
+    for (const auto& [d, l] : by_deployment_)
+      l.ttft.render("tessera_deployment_time_to_first_token_seconds", &out, label("deployment", d));
+    header(&out, "tessera_deployment_time_per_output_token_seconds", "histogram",
+           "Mean time per output token after the first, per model-served sequence, by deployment.");
+    for (const auto& [d, l] : by_deployment_)
+      l.tpot.render("tessera_deployment_time_per_output_token_seconds", &out, label("deployment", d));
+  }
+  if (!cache_.empty()) {
+    header(&out, "tessera_cache_requests_total", "counter",
+           "Generation requests the cache layers looked up, by deployment, result (hit, miss) and tier.");
+    for (const auto& [k, n] : cache_)
+      out += "tessera_cache_requests_total{" + label("deployment", std::get<0>(k)) + "," +
+             label("result", std::get<1>(k)) + "," + label("tier", std::get<2>(k)) + "} " + std::to_string(n) + "\n";
+  }
+  if (!routed_.empty()) {
+    header(&out, "tessera_router_requests_total", "counter", "Requests a router sent to each arm (deployment).");
+    for (const auto& [k, n] : routed_)
+      out += "tessera_router_requests_total{" + label("router", k.first) + "," + label("arm", k.second) + "} " +
+             std::to_string(n) + "\n";
+  }
+  if (!by_arm_.empty()) {
+    header(&out, "tessera_router_time_to_first_token_seconds", "histogram",
+           "Arrival to first generated token of model-served sequences, by router and arm.");
+    for (const auto& [k, l] : by_arm_)
+      l.ttft.render("tessera_router_time_to_first_token_seconds", &out,
+                    label("router", k.first) + "," + label("arm", k.second));
+    header(&out, "tessera_router_time_per_output_token_seconds", "histogram",
+           "Mean time per output token after the first, by router and arm.");
+    for (const auto& [k, l] : by_arm_)
+      l.tpot.render("tessera_router_time_per_output_token_seconds", &out,
+                    label("router", k.first) + "," + label("arm", k.second));
+  }
 
   header(&out, "tessera_engine_steps_total", "counter", "Engine steps (forward passes).");
   sample(&out, "tessera_engine_steps_total", static_cast<double>(e.num_steps));

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,8 +21,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void observe(double value);
-  // Appends `name_bucket{le=...}`, `name_sum` and `name_count` lines.
-  void render(const std::string& name, std::string* out) const;
+  // Appends `name_bucket{le=...}`, `name_sum` and `name_count` lines; `labels` (e.g.
+  // `deployment="small"`) go before `le` on every line.
+  void render(const std::string& name, std::string* out, const std::string& labels = {}) const;
   uint64_t count() const { return count_; }
   // Read by the stats endpoint (stats.h), so it reports the numbers /metrics does.
   const std::vector<double>& bounds() const { return bounds_; }
@@ -46,7 +48,17 @@ class ServerMetrics {
   void count_rejected_full_queue() { ++rejected_full_queue_; }
   void count_cancelled_by_client() { ++cancelled_by_client_; }
 
+  // The gateway's view, by deployment (label deployment=) and by router arm (router=, arm=):
+  // model-served sequences' latencies, cache answers by result and tier, routed requests.
+  void observe_deployment(const std::string& deployment, const RequestTimings& timings);
+  void count_cache(const std::string& deployment, const std::string& result, const std::string& tier);
+  void count_route(const std::string& router, const std::string& arm);
+  void observe_arm(const std::string& router, const std::string& arm, const RequestTimings& timings);
+
   std::string render(const EngineStats& engine) const;
+  // Each deployment's engine gauges, labelled deployment= (render() has the first's unlabelled).
+  static void render_deployment_engines(const std::vector<std::pair<std::string, EngineStats>>& engines,
+                                        std::string* out);
 
   // Read by the stats endpoint (stats.h).
   const Histogram& queue_time() const { return queue_time_; }
@@ -68,6 +80,18 @@ class ServerMetrics {
   int64_t in_flight_ = 0;
   uint64_t rejected_full_queue_ = 0;
   uint64_t cancelled_by_client_ = 0;
+
+ public:
+  struct Latencies {
+    Latencies();
+    Histogram queue_time, ttft, tpot;
+  };
+
+ private:
+  std::map<std::string, Latencies> by_deployment_;
+  std::map<std::pair<std::string, std::string>, Latencies> by_arm_;      // (router, arm)
+  std::map<std::pair<std::string, std::string>, uint64_t> routed_;       // (router, arm)
+  std::map<std::tuple<std::string, std::string, std::string>, uint64_t> cache_;  // (deployment, result, tier)
 };
 
 }  // namespace tessera::server

@@ -316,8 +316,8 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
       return std::nullopt;
     }
   }
-  std::string user;
-  if (!r.string("user", &user)) return std::nullopt;  // accepted for compatibility, not used
+  // The end user: keeps an A/B router's arm sticky (ab-split); never logged.
+  if (!r.string("user", &spec.user)) return std::nullopt;
 
   if (kind == ApiKind::kCompletion) {
     if (!r.boolean("parse_special", &spec.parse_special)) return std::nullopt;

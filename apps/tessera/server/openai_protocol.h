@@ -63,6 +63,7 @@ struct GenerationSpec {
   // What the engine computes for each prompt (GenerationRequest::prompt_logprobs): -1 none,
   // else the alternatives per prompt token. Set with echo + logprobs, and for max_tokens 0.
   int32_t prompt_logprobs = -1;
+  std::string user;              // the client's end-user id ("" when not given)
 };
 
 // server.defaults: each sampling field the body omits (absent or null) is set to the

@@ -16,6 +16,7 @@
 #include "stats.h"
 #include "structured_output.h"
 #include "tessera/chat_template.h"
+#include "tessera/gateway/cache_key.h"
 #include "tessera/tokenizer.h"
 
 namespace tessera::server {
@@ -176,29 +177,33 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   };
 
   OpenAiService* service = nullptr;
+  Deployment* deployment = nullptr;
   uint64_t serial = 0;
   GenerationSpec spec;
   StructuredOutput structured;  // response_format and tools (chat)
+  std::string router, arm;    // set when a router chose the deployment
+  ServedBy served;            // of prompt 0: the deployment, and the cache layer when it answered
+  bool started = false;       // on_start heard (a stream's headers can go out)
   std::shared_ptr<ResponseChannel> channel;
   std::string endpoint;
   std::string id;
   int64_t created = 0;
   // Per prompt of the batch (one for chat): its engine request, its samples the engine has
   // not finished, its length and prefix-cache hits. Choice i belongs to prompt i / n.
-  std::vector<uint64_t> request_ids;
+  std::vector<std::unique_ptr<RequestHandle>> handles;
   std::vector<int32_t> open_per_prompt;
   std::vector<int32_t> prompt_tokens_each;
   std::vector<int32_t> cached_each;
   std::vector<Choice> choices;
   std::vector<PromptEcho> echoes;  // per prompt, with spec.echo
   int32_t engine_open = 0;    // samples the engine has not finished, all prompts
-  std::vector<char> cancel_sent;  // per prompt: Engine::cancel was called for it
+  std::vector<char> cancel_sent;  // per prompt: its handle was cancelled
   bool responded = false;     // the answer is complete, or the client is gone
   AccessRecord access;
   double ttft_ms = -1;        // arrival to the first token on the io thread
   bool logged = false;
 
-  const Tokenizer& tokenizer() const { return service->engine_.model().tokenizer(); }
+  const Tokenizer& tokenizer() const { return deployment->model().tokenizer(); }
   bool chat() const { return spec.kind == ApiKind::kChat; }
 
   // Tokens of a choice that belong to its output: all of them, or those starting before a
@@ -214,6 +219,35 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     int64_t n = 0;
     for (int32_t p : prompt_tokens_each) n += p;
     return n;
+  }
+
+  // Who serves prompt `prompt`: a stream's headers say whether a cache answered.
+  void on_start(int32_t prompt, const ServedBy& by) {
+    if (prompt != 0) return;
+    served = by;
+    if (served.cache_consulted)
+      service->metrics_.count_cache(served.deployment, served.is_cache_hit() ? "hit" : "miss",
+                                    served.is_cache_hit() ? served.cache_tier : "");
+    if (started) return;
+    started = true;
+    if (spec.stream && !responded) start_stream();
+  }
+
+  // Headers naming what answered: the cache (hit or miss, and the tier) and the router's arm.
+  std::vector<std::pair<std::string, std::string>> gateway_headers() const {
+    std::vector<std::pair<std::string, std::string>> h;
+    if (served.cache_consulted)
+      h.emplace_back("x-tessera-cache", served.is_cache_hit() ? "hit; layer=" + served.cache_layer +
+                                                                      "; tier=" + served.cache_tier
+                                                                : "miss");
+    if (!router.empty()) h.emplace_back("x-tessera-route", router + "=" + arm);
+    return h;
+  }
+
+  // The body's note of a cache hit (an extra field the OpenAI clients keep and ignore).
+  void add_cache_note(json& j) const {
+    if (served.is_cache_hit())
+      j["tessera_cache"] = {{"hit", true}, {"layer", served.cache_layer}, {"tier", served.cache_tier}};
   }
 
   void on_event(Event ev) {
@@ -256,12 +290,17 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
         --service->in_flight_;
         service->metrics_.set_in_flight(service->in_flight_);
       }
-      service->metrics_.observe_sequence(ev.timings, static_cast<int32_t>(kept_tokens(c)));
-      service->metrics_.count_tokens(0, static_cast<int64_t>(ev.timings.token_times.size()));
+      // A cached answer's timings are not the model's: only model-served sequences count.
+      if (!served.is_cache_hit()) {
+        service->metrics_.observe_sequence(ev.timings, static_cast<int32_t>(kept_tokens(c)));
+        service->metrics_.count_tokens(0, static_cast<int64_t>(ev.timings.token_times.size()));
+        service->metrics_.observe_deployment(deployment->name(), ev.timings);
+        if (!router.empty()) service->metrics_.observe_arm(router, arm, ev.timings);
+      }
     }
     // Stop strings ended every sample of this prompt before the engine did: free its
     // sequences now, even while other prompts of the batch go on.
-    if (prompt_done(ev.prompt)) cancel_prompt(static_cast<size_t>(ev.prompt));
+    if (prompt_done(ev.prompt)) cancel_prompt(static_cast<size_t>(ev.prompt), CancelReason::kOutputComplete);
     maybe_complete();
   }
 
@@ -271,14 +310,15 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     return true;
   }
 
-  // Frees the engine's sequences of every prompt still running.
-  void cancel_engine() {
-    for (size_t p = 0; p < request_ids.size(); ++p) cancel_prompt(p);
+  // Frees the engine's sequences of every prompt still running. kOutputComplete: the answer
+  // is whole (stop strings ended it), so a cache layer may keep it.
+  void cancel_engine(CancelReason reason = CancelReason::kAbandoned) {
+    for (size_t p = 0; p < handles.size(); ++p) cancel_prompt(p, reason);
   }
-  void cancel_prompt(size_t p) {
-    if (p >= request_ids.size() || open_per_prompt[p] <= 0 || cancel_sent[p]) return;
+  void cancel_prompt(size_t p, CancelReason reason) {
+    if (p >= handles.size() || open_per_prompt[p] <= 0 || cancel_sent[p]) return;
     cancel_sent[p] = 1;
-    service->engine_.cancel(request_ids[p]);
+    handles[p]->cancel(reason);
   }
   bool prompt_done(int32_t p) const {
     for (int32_t j = 0; j < spec.n; ++j)
@@ -316,7 +356,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   void maybe_complete() {
     if (!all_finished()) return;
     // Stop strings ended every sample before the engine did: free its sequences now.
-    cancel_engine();
+    cancel_engine(CancelReason::kOutputComplete);
     if (responded) return;
     responded = true;
     if (spec.stream) {
@@ -465,20 +505,24 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     json body = {{"id", id},
                  {"object", chat() ? "chat.completion" : "text_completion"},
                  {"created", created},
-                 {"model", spec.model},
+                 {"model", deployment->name()},
                  {"choices", out_choices},
                  {"usage", usage()},
                  {"system_fingerprint", nullptr}};
-    send_response(make_json_response(http::status::ok, dump(body)));
+    add_cache_note(body);
+    HttpResponse res = make_json_response(http::status::ok, dump(body));
+    for (const auto& [name, value] : gateway_headers()) res.set(name, value);
+    send_response(std::move(res));
   }
 
   json chunk_base() const {
     json j = {{"id", id},
               {"object", chat() ? "chat.completion.chunk" : "text_completion"},
               {"created", created},
-              {"model", spec.model},
+              {"model", deployment->name()},
               {"system_fingerprint", nullptr}};
     if (spec.include_usage) j["usage"] = nullptr;
+    add_cache_note(j);
     return j;
   }
 
@@ -559,7 +603,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   }
 
   void start_stream() {
-    channel->start_stream(http::status::ok, "text/event-stream");
+    channel->start_stream(http::status::ok, "text/event-stream", gateway_headers());
     service->metrics_.count_request(endpoint, 200);
     if (!chat()) {
       // echo: each choice's stream opens with its prompt (echo with logprobs is not streamed).
@@ -595,10 +639,51 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   }
 };
 
-OpenAiService::OpenAiService(Engine& engine, const ServerConfig& config, std::string model_id,
-                             std::vector<std::string> api_keys)
-    : engine_(engine), config_(config), model_id_(std::move(model_id)), api_keys_(std::move(api_keys)),
-      created_(unix_now()) {}
+// Hands a deployment's callbacks (engine thread, cache worker) to the call on the io thread.
+class CallSink : public RequestSink {
+ public:
+  CallSink(std::shared_ptr<GenerationCall> call, boost::asio::any_io_executor executor, int32_t prompt)
+      : call_(std::move(call)), executor_(std::move(executor)), prompt_(prompt) {}
+
+  void on_start(const ServedBy& served) override {
+    boost::asio::post(executor_, [call = call_, served, prompt = prompt_] {
+      try {
+        call->on_start(prompt, served);
+      } catch (const std::exception& ex) {
+        call->fail_internal(ex.what());
+      }
+    });
+  }
+
+  void on_event(const GenerationEvent& ev) override {
+    // Copy what the io thread needs and hand it over.
+    GenerationCall::Event e;
+    e.prompt = prompt_;
+    e.choice = ev.choice;
+    e.cached_prompt_tokens = ev.num_cached_prompt_tokens;
+    e.tokens = ev.tokens;
+    e.finished = ev.finished;
+    e.reason = ev.finish_reason;
+    if (!ev.error.is_ok()) e.error = ev.error.message();
+    if (ev.finished && ev.timings) e.timings = *ev.timings;
+    e.prompt_logprobs = ev.prompt_logprobs;
+    boost::asio::post(executor_, [call = call_, e = std::move(e)]() mutable {
+      try {
+        call->on_event(std::move(e));
+      } catch (const std::exception& ex) {
+        call->fail_internal(ex.what());
+      }
+    });
+  }
+
+ private:
+  std::shared_ptr<GenerationCall> call_;
+  boost::asio::any_io_executor executor_;
+  int32_t prompt_;
+};
+
+OpenAiService::OpenAiService(Gateway& gateway, const ServerConfig& config, std::vector<std::string> api_keys)
+    : gateway_(gateway), config_(config), api_keys_(std::move(api_keys)), created_(unix_now()) {}
 
 OpenAiService::~OpenAiService() = default;
 
@@ -657,12 +742,32 @@ void OpenAiService::reply_error(const std::shared_ptr<ResponseChannel>& channel,
   reply(channel, endpoint, make_error_response(status, message, type, param, code));
 }
 
-json OpenAiService::model_card() const {
-  return {{"id", model_id_},
+json OpenAiService::model_card(const Deployment& d) const {
+  return {{"id", d.name()},
           {"object", "model"},
           {"created", created_},
           {"owned_by", "tessera"},
-          {"max_model_len", engine_.max_context()}};
+          {"max_model_len", d.max_context()}};
+}
+
+json OpenAiService::router_card() const {
+  return {{"id", gateway_.router_name()}, {"object", "model"}, {"created", created_}, {"owned_by", "tessera"},
+          {"tessera_router", true}};
+}
+
+std::string OpenAiService::served_ids() const {
+  std::string ids;
+  for (size_t i = 0; i < gateway_.num_deployments(); ++i)
+    ids += (ids.empty() ? "'" : ", '") + gateway_.deployment(i).name() + "'";
+  if (gateway_.has_router()) ids += ", '" + gateway_.router_name() + "' (a router)";
+  return ids;
+}
+
+void OpenAiService::reply_unknown_model(const std::shared_ptr<ResponseChannel>& channel, const std::string& endpoint,
+                                        const std::string& model) {
+  reply_error(channel, endpoint, http::status::not_found,
+              "the model '" + model + "' does not exist; this server serves " + served_ids(), "invalid_request_error",
+              "model", "model_not_found");
 }
 
 std::string OpenAiService::endpoint_label(std::string_view target) {
@@ -728,7 +833,12 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
     HttpResponse res{http::status::ok, 11};
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     metrics_.set_in_flight(in_flight_);
-    res.body() = metrics_.render(engine_.stats());
+    res.body() = metrics_.render(gateway_.engine(0).stats());
+    std::vector<std::pair<std::string, EngineStats>> engines;
+    for (size_t i = 0; i < gateway_.num_deployments(); ++i)
+      engines.emplace_back(gateway_.deployment(i).name(), gateway_.engine(i).stats());
+    ServerMetrics::render_deployment_engines(engines, &res.body());
+    gateway_.render_cache_metrics(&res.body());
     return reply(channel, endpoint, std::move(res));
   }
   if (stats_ && (path == "/v1/stats" || path == "/dashboard")) {
@@ -770,16 +880,20 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
   }
   if (path == "/v1/models") {
     if (!get) return wrong_method("GET");
-    json body = {{"object", "list"}, {"data", json::array({model_card()})}};
+    json data = json::array();
+    for (size_t i = 0; i < gateway_.num_deployments(); ++i) data.push_back(model_card(gateway_.deployment(i)));
+    if (gateway_.has_router()) data.push_back(router_card());
+    json body = {{"object", "list"}, {"data", data}};
     return reply(channel, endpoint, make_json_response(http::status::ok, dump(body)));
   }
   if (path.rfind("/v1/models/", 0) == 0) {
     if (!get) return wrong_method("GET");
     const std::string id = path.substr(std::string("/v1/models/").size());
-    if (id != model_id_)
-      return reply_error(channel, endpoint, http::status::not_found, "the model '" + id + "' does not exist",
-                         "invalid_request_error", "model", "model_not_found");
-    return reply(channel, endpoint, make_json_response(http::status::ok, dump(model_card())));
+    if (gateway_.has_router() && id == gateway_.router_name())
+      return reply(channel, endpoint, make_json_response(http::status::ok, dump(router_card())));
+    const Deployment* d = gateway_.find(id);
+    if (!d) return reply_unknown_model(channel, endpoint, id);
+    return reply(channel, endpoint, make_json_response(http::status::ok, dump(model_card(*d))));
   }
   if (!post) return wrong_method("POST");
   if (path == "/tokenize") return handle_tokenize(req, channel, endpoint);
@@ -805,21 +919,28 @@ std::optional<json> OpenAiService::read_json_object(const HttpRequest& req,
   return body;
 }
 
-// The tokenizer routes take "model" as vLLM does: optional, but when given it must be ours.
-bool OpenAiService::optional_model_matches(const json& body, const std::shared_ptr<ResponseChannel>& channel,
-                                           const std::string& endpoint) {
+// The tokenizer routes take "model" as vLLM does: optional (the first deployment), but when
+// given it must name a deployment (a router's arms may tokenize differently).
+Deployment* OpenAiService::tokenizer_deployment(const json& body, const std::shared_ptr<ResponseChannel>& channel,
+                                                const std::string& endpoint) {
   auto m = body.find("model");
-  if (m == body.end() || m->is_null()) return true;
+  if (m == body.end() || m->is_null()) return &gateway_.deployment(0);
   if (!m->is_string()) {
     reply_error(channel, endpoint, http::status::bad_request, "model: expected a string, got " + describe_json(*m),
                 "invalid_request_error", "model");
-    return false;
+    return nullptr;
   }
-  if (m->get<std::string>() == model_id_) return true;
-  reply_error(channel, endpoint, http::status::not_found,
-              "the model '" + m->get<std::string>() + "' does not exist; this server serves '" + model_id_ + "'",
-              "invalid_request_error", "model", "model_not_found");
-  return false;
+  const std::string& name = m->get_ref<const std::string&>();
+  if (Deployment* d = gateway_.find(name)) return d;
+  if (gateway_.has_router() && name == gateway_.router_name()) {
+    reply_error(channel, endpoint, http::status::bad_request,
+                "model: '" + name + "' is a router, whose arms may tokenize differently; name a deployment: " +
+                    served_ids(),
+                "invalid_request_error", "model");
+    return nullptr;
+  }
+  reply_unknown_model(channel, endpoint, name);
+  return nullptr;
 }
 
 // vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} or the chat form
@@ -846,8 +967,9 @@ void OpenAiService::handle_tokenize(const HttpRequest& req, const std::shared_pt
     *out = it->get<bool>();
     return true;
   };
-  if (!optional_model_matches(*body, channel, endpoint)) return;
-  const Model& model = engine_.model();
+  Deployment* deployment = tokenizer_deployment(*body, channel, endpoint);
+  if (!deployment) return;
+  const Model& model = deployment->model();
   const Tokenizer& tok = model.tokenizer();
   bool return_strs = false, add_special = true, parse_special = true;
   if (!flag("return_token_strs", false, &return_strs)) return;
@@ -882,7 +1004,7 @@ void OpenAiService::handle_tokenize(const HttpRequest& req, const std::shared_pt
     if (!flag("parse_special", true, &parse_special)) return;
     ids = tok.encode(p->get_ref<const std::string&>(), add_special, parse_special);
   }
-  json out = {{"count", ids.size()}, {"max_model_len", engine_.max_context()}, {"tokens", ids},
+  json out = {{"count", ids.size()}, {"max_model_len", deployment->max_context()}, {"tokens", ids},
               {"token_strs", nullptr}};
   if (return_strs) {
     json strs = json::array();
@@ -900,8 +1022,9 @@ void OpenAiService::handle_detokenize(const HttpRequest& req, const std::shared_
   };
   auto body = read_json_object(req, channel, endpoint);
   if (!body) return;
-  if (!optional_model_matches(*body, channel, endpoint)) return;
-  const Tokenizer& tok = engine_.model().tokenizer();
+  Deployment* deployment = tokenizer_deployment(*body, channel, endpoint);
+  if (!deployment) return;
+  const Tokenizer& tok = deployment->model().tokenizer();
   auto t = body->find("tokens");
   if (t == body->end() || t->is_null()) return bad_request("tokens: required", "tokens");
   if (!t->is_array()) return bad_request("tokens: expected a list of token ids, got " + describe_json(*t), "tokens");
@@ -931,10 +1054,9 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   apply_request_defaults(config_.defaults, chat ? ApiKind::kChat : ApiKind::kCompletion, &*body);
   auto spec = parse_generation_request(*body, chat ? ApiKind::kChat : ApiKind::kCompletion, &error);
   if (!spec) return bad_request(error.message, error.param);
-  if (spec->model != model_id_)
-    return reply_error(channel, endpoint, http::status::not_found,
-                       "the model '" + spec->model + "' does not exist; this server serves '" + model_id_ + "'",
-                       "invalid_request_error", "model", "model_not_found");
+  Deployment* deployment = gateway_.find(spec->model);
+  const bool routed = !deployment && gateway_.has_router() && spec->model == gateway_.router_name();
+  if (!deployment && !routed) return reply_unknown_model(channel, endpoint, spec->model);
   if (draining_)
     return reply_error(channel, endpoint, http::status::service_unavailable, "the server is shutting down",
                        "server_error", "", "shutting_down");
@@ -955,6 +1077,31 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     return reply(channel, endpoint, std::move(res));
   }
 
+  std::string arm;
+  if (routed) {
+    // Sticky per end user: the `user` field, else the API key (only a digest of it leaves here).
+    std::string sticky = spec->user;
+    if (sticky.empty()) {
+      const auto auth = req[http::field::authorization];
+      if (!auth.empty()) sticky = "key:" + std::to_string(std::hash<std::string_view>{}(std::string_view(auth.data(), auth.size())));
+    }
+    RouteRequest route;
+    route.request_id = next_call_;
+    route.user = sticky;
+    std::string prompt_text;
+    if (chat) {
+      for (const auto& m : spec->messages) prompt_text += m.content + "\n";
+    } else if (!spec->prompts.empty() && spec->prompts[0].text) {
+      prompt_text = *spec->prompts[0].text;
+    }
+    route.prompt = prompt_text;
+    Status st = gateway_.route(route, &deployment);
+    if (!st.is_ok())
+      return reply_error(channel, endpoint, http::status::internal_server_error,
+                         "router '" + gateway_.router_name() + "': " + st.message(), "server_error");
+    arm = deployment->name();
+    metrics_.count_route(gateway_.router_name(), arm);
+  }
   // response_format and tools, read from the body with its key order kept (schema properties
   // are generated in the order the client wrote them), compiled by the constraint plugin.
   StructuredOutput structured;
@@ -971,7 +1118,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     structured = std::move(*so);
     if (structured.constrained()) {
       const std::string field = structured.uses_tools() ? "tools" : "response_format";
-      Status st = engine_.compile_constraint(constraint_spec(structured), &constraint);
+      Status st = deployment->compile_constraint(constraint_spec(structured), &constraint);
       if (st.code() == StatusCode::kInvalidArgument) {
         const ApiError e = constraint_error(structured, st.message());
         return bad_request(e.message, e.param);
@@ -985,9 +1132,10 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     }
   }
 
-  const Model& model = engine_.model();
+  const Model& model = deployment->model();
   const Tokenizer& tok = model.tokenizer();
   std::vector<std::vector<TokenId>> prompts;
+  std::vector<std::string> prompt_texts;  // what cache keys see
   if (chat) {
     if (model.chat_template().empty())
       return bad_request("this model has no chat template; use /v1/completions", "messages");
@@ -1001,14 +1149,30 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     }
     // Templates spell control tokens as text.
     prompts.push_back(tok.encode(text, /*add_special=*/true, /*parse_special=*/true));
+    prompt_texts.push_back(std::move(text));
   } else {
-    for (const PromptInput& p : spec->prompts)
+    for (const PromptInput& p : spec->prompts) {
       prompts.push_back(p.text ? tok.encode(*p.text, /*add_special=*/true, spec->parse_special) : p.ids);
+      std::string key;
+      if (p.text) {
+        key = *p.text;
+      } else {
+        // Token ids cannot collide with text: no text prompt starts with a NUL byte.
+        key = std::string(1, '\0') + "ids:";
+        for (int32_t id : p.ids) key += std::to_string(id) + ",";
+      }
+      prompt_texts.push_back(std::move(key));
+    }
   }
   const bool batch = prompts.size() > 1;
 
   auto call = std::make_shared<GenerationCall>();
   call->service = this;
+  call->deployment = deployment;
+  if (routed) {
+    call->router = gateway_.router_name();
+    call->arm = arm;
+  }
   call->serial = next_call_++;
   call->channel = channel;
   call->endpoint = endpoint;
@@ -1030,42 +1194,35 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
 
   auto executor = channel->executor();
   int64_t submitted_tokens = 0;
+  // A cached answer stands for one sample of one prompt without logprobs (of the output or
+  // the prompt) and without a constraint (its schema is not part of the key).
+  const bool cacheable = prompts.size() == 1 && call->spec.n == 1 && !call->spec.logprobs &&
+                         call->spec.prompt_logprobs < 0 && !constraint;
+  std::string extra_params;
+  if (!chat && !call->spec.parse_special) extra_params = "parse_special=0;";
   for (size_t p = 0; p < prompts.size(); ++p) {
     const int32_t prompt_len = static_cast<int32_t>(prompts[p].size());
-    GenerationRequest greq;
+    DeploymentRequest dreq;
+    GenerationRequest& greq = dreq.generation;
     greq.prompt = std::move(prompts[p]);
     greq.params = call->spec.params;
     if (!call->spec.max_tokens_given) {
       // OpenAI: 16 for completions; chat runs until the context is full.
       greq.params.max_tokens =
-          chat ? std::max(1, engine_.max_context() - prompt_len) : kCompletionDefaultMaxTokens;
+          chat ? std::max(1, deployment->max_context() - prompt_len) : kCompletionDefaultMaxTokens;
     }
     greq.n = call->spec.n;
     greq.prompt_logprobs = call->spec.prompt_logprobs;
     greq.constraint = constraint;
-    const int32_t prompt_index = static_cast<int32_t>(p);
-    greq.on_event = [call, executor, prompt_index](const GenerationEvent& ev) {
-      // Engine thread: copy what the io thread needs and hand it over.
-      GenerationCall::Event e;
-      e.prompt = prompt_index;
-      e.choice = ev.choice;
-      e.cached_prompt_tokens = ev.num_cached_prompt_tokens;
-      e.tokens = ev.tokens;
-      e.finished = ev.finished;
-      e.reason = ev.finish_reason;
-      if (!ev.error.is_ok()) e.error = ev.error.message();
-      if (ev.finished && ev.timings) e.timings = *ev.timings;
-      e.prompt_logprobs = ev.prompt_logprobs;
-      boost::asio::post(executor, [call, e = std::move(e)]() mutable {
-        try {
-          call->on_event(std::move(e));
-        } catch (const std::exception& ex) {
-          call->fail_internal(ex.what());
-        }
-      });
-    };
-    uint64_t request_id = 0;
-    Status st = engine_.submit(std::move(greq), &request_id);
+    dreq.cacheable = cacheable;
+    if (cacheable) {
+      dreq.prompt_text = std::move(prompt_texts[p]);
+      dreq.output_params = canonical_output_params(greq.params, call->spec.stop) + extra_params;
+      dreq.reproducible = is_reproducible(greq.params);
+    }
+    auto sink = std::make_shared<CallSink>(call, executor, static_cast<int32_t>(p));
+    std::unique_ptr<RequestHandle> handle;
+    Status st = deployment->submit(std::move(dreq), std::move(sink), &handle);
     if (!st.is_ok()) {
       // The prompts already submitted are cancelled; their events find the call answered.
       call->responded = true;
@@ -1086,7 +1243,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
                          status_for(st) == http::status::bad_request ? "invalid_request_error" : "server_error",
                          param);
     }
-    call->request_ids.push_back(request_id);
+    call->handles.push_back(std::move(handle));
     call->open_per_prompt.push_back(call->spec.n);
     call->prompt_tokens_each.push_back(prompt_len);
     call->cached_each.push_back(0);
@@ -1104,9 +1261,9 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   channel->on_disconnect([weak] {
     if (auto c = weak.lock()) c->client_gone();
   });
-  // The call writes its own access line when it ends.
+  // The call writes its own access line when it ends; a stream starts once the deployment
+  // (or its cache) says who answers, so the headers can tell.
   current_.reset();
-  if (call->spec.stream) call->start_stream();
 }
 
 }  // namespace tessera::server

@@ -1,4 +1,4 @@
-// The OpenAI-compatible API over one engine: routes, API keys, request validation, the chat
+// The OpenAI-compatible API over the gateway's deployments: routes, API keys, request validation, the chat
 // template, submission to the engine, stop strings, streaming (SSE), usage, logprobs and
 // metrics. Runs on the HTTP server's io thread; engine events (on the engine thread) are
 // posted back to it.
@@ -18,10 +18,12 @@
 #include "metrics.h"
 #include "tessera/config.h"
 #include "tessera/engine.h"
+#include "tessera/gateway/gateway.h"
 
 namespace tessera::server {
 
 struct GenerationCall;
+class CallSink;
 class StatsRecorder;
 
 // What the access log line of a request needs from its arrival.
@@ -42,9 +44,9 @@ struct AccessFigures {
 
 class OpenAiService : public HttpHandler {
  public:
-  // `api_keys` empty: no authentication. `model_id` is the name clients pass as "model".
-  OpenAiService(Engine& engine, const ServerConfig& config, std::string model_id,
-                std::vector<std::string> api_keys);
+  // `api_keys` empty: no authentication. Clients name a deployment of `gateway` (or its
+  // router) as "model".
+  OpenAiService(Gateway& gateway, const ServerConfig& config, std::vector<std::string> api_keys);
   ~OpenAiService() override;
 
   void handle(HttpRequest request, std::shared_ptr<ResponseChannel> channel) override;
@@ -87,15 +89,19 @@ class OpenAiService : public HttpHandler {
   std::optional<nlohmann::json> read_json_object(const HttpRequest& request,
                                                  const std::shared_ptr<ResponseChannel>& channel,
                                                  const std::string& endpoint);
-  bool optional_model_matches(const nlohmann::json& body, const std::shared_ptr<ResponseChannel>& channel,
-                              const std::string& endpoint);
+  // The deployment a tokenizer route's optional "model" names, or nullptr with the error answered.
+  Deployment* tokenizer_deployment(const nlohmann::json& body, const std::shared_ptr<ResponseChannel>& channel,
+                                   const std::string& endpoint);
+  void reply_unknown_model(const std::shared_ptr<ResponseChannel>& channel, const std::string& endpoint,
+                           const std::string& model);
+  std::string served_ids() const;  // "'small', 'large', 'ab' (a router)"
   void log_access(const AccessRecord& record, int status, const AccessFigures* figures = nullptr) const;
-  nlohmann::json model_card() const;
+  nlohmann::json model_card(const Deployment& deployment) const;
+  nlohmann::json router_card() const;
   static std::string endpoint_label(std::string_view target);
 
-  Engine& engine_;
+  Gateway& gateway_;
   const ServerConfig& config_;
-  std::string model_id_;
   std::vector<std::string> api_keys_;
   int64_t created_ = 0;  // unix time the server started (reported as the model's "created")
   ServerMetrics metrics_;

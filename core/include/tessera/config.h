@@ -71,15 +71,31 @@ struct ServerConfig {
   RequestDefaults defaults;              // server.defaults
 };
 
+// One deployment: a model and its engine plugins, served under `name` (the `model` field
+// clients send).
+struct DeploymentConfig {
+  std::string name;
+  ModelConfig model;                                // model.name == name
+  std::map<PluginKind, PluginSlot> engine;          // every engine kind present, defaults filled
+};
+
 struct StackConfig {
   std::string file;                                 // the file loaded (after extends)
   std::vector<std::string> plugin_paths;
+  // The first (default) deployment's model and engine: what the single-model commands
+  // (generate, chat, bench, eval) run. Equal to deployments[0] after loading.
   ModelConfig model;
-  std::map<PluginKind, PluginSlot> engine;          // every engine kind present, defaults filled
+  std::map<PluginKind, PluginSlot> engine;
+  // Every deployment, in file order: the one of `model:`/`engine:`, or those of `deployments:`.
+  std::vector<DeploymentConfig> deployments;
   std::vector<PluginSlot> cache_layers;             // gateway.cache, in order
   std::optional<PluginSlot> router;                 // gateway.router
+  std::string router_name;                          // gateway.router.name: the model id clients send
   ServerConfig server;
 };
+
+// `config` with its model and engine replaced by deployment `index`'s (for build_engine).
+StackConfig deployment_stack(const StackConfig& config, size_t index);
 
 // The plugin each engine slot uses when the file does not name one.
 // nullptr: slot off by default (drafter). The constraint slot defaults to json-schema when

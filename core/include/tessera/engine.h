@@ -158,6 +158,8 @@ class Engine {
   // spec is kInvalidArgument naming the part of it; no constraint plugin is kUnimplemented.
   Status compile_constraint(const ConstraintSpec& spec, std::shared_ptr<const CompiledConstraint>* out) const;
   bool has_constraint() const { return components_.constraint != nullptr; }
+  // The checks submit() makes, without enqueuing (any thread).
+  Status check(const GenerationRequest& request) const;
   // Cancels all samples of a request; its blocks are freed on the next step. Unknown ids
   // are ignored.
   void cancel(uint64_t request_id);

@@ -5,6 +5,8 @@
 // per pool (KvLayout/AttentionShape k_dtype, v_dtype) and KvDtype::kQ8_0 (one bump for both).
 // 2.1 the constraint kind (tessera/sdk/constraint.h: Constraint, CompiledConstraint,
 // ConstraintMatcher; PluginKind::kConstraint appended, so existing kinds keep their values).
+// 2.2 CacheKey::reproducible, CachedResponse::tier, CacheLayer::metrics and CacheMetric (the
+// gateway's cache layers).
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -18,7 +20,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 1
+#define TESSERA_SDK_ABI_MINOR 2
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

@@ -1,0 +1,65 @@
+// The gateway: every configured deployment (an engine each, behind the cache layers of
+// gateway.cache) and the optional router, by the model id clients send. The HTTP layer asks
+// it for a deployment by name, or for the router's choice, and then talks to that Deployment.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/config.h"
+#include "tessera/engine.h"
+#include "tessera/gateway/cached_deployment.h"
+#include "tessera/gateway/deployment.h"
+#include "tessera/model.h"
+#include "tessera/plugin_registry.h"
+#include "tessera/sdk/router.h"
+
+namespace tessera {
+
+class Gateway {
+ public:
+  // Builds each deployment's engine (in file order), the cache layers and the router.
+  // Throws PluginError / std::runtime_error naming the slot, as build_engine does.
+  // `progress` gets the deployment's name with the model load's progress.
+  using ProgressFn = std::function<void(const std::string& deployment, size_t done, size_t total)>;
+  static std::unique_ptr<Gateway> build(const StackConfig& config, PluginRegistry& registry,
+                                        const ProgressFn& progress = {});
+  // Wraps engines built elsewhere (tests): deployment i is served as names[i].
+  Gateway(std::vector<std::string> names, std::vector<std::unique_ptr<Engine>> engines,
+          std::vector<NamedCacheLayer> cache_layers = {});
+  ~Gateway();
+
+  size_t num_deployments() const { return deployments_.size(); }
+  Deployment& deployment(size_t i) { return *deployments_[i]; }
+  const Deployment& deployment(size_t i) const { return *deployments_[i]; }
+  Engine& engine(size_t i) { return *engines_[i]; }
+  const Engine& engine(size_t i) const { return *engines_[i]; }
+  // nullptr when no deployment has that name.
+  Deployment* find(const std::string& name);
+
+  bool has_router() const { return router_ != nullptr; }
+  const std::string& router_name() const { return router_name_; }
+  // The router's choice for a request (a hash for ab-split; cheap enough for the I/O thread).
+  Status route(const RouteRequest& request, Deployment** out);
+
+  // Appends the cache layers' own metrics (Prometheus text), labelled layer="NAME".
+  void render_cache_metrics(std::string* out) const;
+
+  void start();  // every engine's step loop
+  void stop();
+
+ private:
+  Gateway() = default;
+  void wrap_deployments(const std::vector<std::string>& names);
+
+  std::vector<std::unique_ptr<Engine>> engines_;
+  std::vector<NamedCacheLayer> cache_layers_;
+  std::vector<std::shared_ptr<Deployment>> deployments_;
+  std::shared_ptr<Router> router_;
+  std::string router_name_;
+  // Last: destroyed (joined) first, while the deployments its tasks use still exist.
+  std::unique_ptr<CacheWorkers> workers_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,118 @@
+#include "tessera/gateway/gateway.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+#include "tessera/stack.h"
+
+namespace tessera {
+namespace {
+
+std::string escape_label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<Gateway> Gateway::build(const StackConfig& config, PluginRegistry& registry,
+                                        const ProgressFn& progress) {
+  std::unique_ptr<Gateway> g(new Gateway());
+  std::vector<std::string> names;
+  for (size_t i = 0; i < config.deployments.size(); ++i) {
+    const std::string& name = config.deployments[i].name;
+    Model::ProgressFn p;
+    if (progress) p = [&progress, &name](size_t done, size_t total) { progress(name, done, total); };
+    g->engines_.push_back(build_engine(deployment_stack(config, i), registry, p));
+    names.push_back(name);
+  }
+  for (const PluginSlot& slot : config.cache_layers) {
+    PluginContext context{&host_logger(), slot.file};
+    g->cache_layers_.push_back({slot.plugin, registry.create<CacheLayer>(slot.plugin, slot.config, context)});
+  }
+  if (config.router) {
+    PluginContext context{&host_logger(), config.router->file};
+    g->router_ = registry.create<Router>(config.router->plugin, config.router->config, context);
+    g->router_name_ = config.router_name;
+    if (Status st = g->router_->configure(names); !st.is_ok())
+      throw std::runtime_error("gateway.router: " + st.message());
+  }
+  g->wrap_deployments(names);
+  return g;
+}
+
+Gateway::Gateway(std::vector<std::string> names, std::vector<std::unique_ptr<Engine>> engines,
+                 std::vector<NamedCacheLayer> cache_layers)
+    : engines_(std::move(engines)), cache_layers_(std::move(cache_layers)) {
+  if (names.size() != engines_.size()) throw std::invalid_argument("Gateway: one name per engine");
+  wrap_deployments(names);
+}
+
+void Gateway::wrap_deployments(const std::vector<std::string>& names) {
+  if (!cache_layers_.empty()) workers_ = std::make_unique<CacheWorkers>(2);
+  for (size_t i = 0; i < engines_.size(); ++i) {
+    std::shared_ptr<Deployment> d = std::make_shared<EngineDeployment>(names[i], *engines_[i]);
+    if (!cache_layers_.empty()) d = std::make_shared<CachedDeployment>(d, cache_layers_, *workers_);
+    deployments_.push_back(std::move(d));
+  }
+}
+
+Gateway::~Gateway() {
+  stop();
+  // Queued lookups and stores finish before the deployments and layers they use go away.
+  workers_.reset();
+}
+
+Deployment* Gateway::find(const std::string& name) {
+  for (auto& d : deployments_)
+    if (d->name() == name) return d.get();
+  return nullptr;
+}
+
+Status Gateway::route(const RouteRequest& request, Deployment** out) {
+  if (!router_) return internal_error("no router is configured");
+  std::string chosen;
+  if (Status st = router_->route(request, &chosen); !st.is_ok()) return st;
+  *out = find(chosen);
+  if (!*out) return internal_error("router '" + router_name_ + "' chose '" + chosen + "', which is not a deployment");
+  return Status::ok();
+}
+
+void Gateway::render_cache_metrics(std::string* out) const {
+  std::vector<std::string> seen;  // HELP/TYPE once per family
+  for (const auto& l : cache_layers_) {
+    std::vector<CacheMetric> metrics;
+    l.layer->metrics(&metrics);
+    for (const CacheMetric& m : metrics) {
+      if (std::find(seen.begin(), seen.end(), m.name) == seen.end()) {
+        seen.push_back(m.name);
+        *out += "# HELP " + m.name + " " + m.help + "\n# TYPE " + m.name + " " + (m.is_counter ? "counter" : "gauge") +
+                "\n";
+      }
+      std::string labels = "layer=\"" + escape_label(l.name) + "\"";
+      for (const auto& [k, v] : m.labels) labels += "," + k + "=\"" + escape_label(v) + "\"";
+      char value[40];
+      std::snprintf(value, sizeof value, "%.9g", m.value);
+      *out += m.name + "{" + labels + "} " + value + "\n";
+    }
+  }
+}
+
+void Gateway::start() {
+  for (auto& e : engines_) e->start();
+}
+
+void Gateway::stop() {
+  for (auto& e : engines_) e->stop();
+}
+
+}  // namespace tessera
