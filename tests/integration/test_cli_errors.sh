@@ -81,7 +81,12 @@ extends: $base
 engine:
   kv_cache: {memory: 1000TiB}
 YAML
-if [[ -f "$model" ]]; then
+if [[ -n "${TESSERA_SANITIZER:-}" ]]; then
+  # ASan's operator new reports an impossible allocation and exits instead of throwing
+  # std::bad_alloc (allocator_may_return_null covers malloc only), so this case cannot run
+  # under it; the plain build checks it.
+  echo "skip KV memory past what the machine has: not testable under ${TESSERA_SANITIZER}"
+elif [[ -f "$model" ]]; then
   expect_error "KV memory past what the machine has" "engine.kv_cache.memory: out of memory" "$bin" generate --config huge-kv.yaml --prompt hi
 else
   echo "skip KV memory past what the machine has: $model is missing"
