@@ -40,11 +40,11 @@ class StalledReader(unittest.TestCase):
         cls.server.stop()
 
     def test_a_client_that_stops_reading_is_cut_off_and_costs_nobody_else(self):
-        # 4 samples with 20 alternatives per token: ~6 MB of events, more than the kernel's
-        # socket buffers (4 MB send + the tiny receive window) can hold for a client that
-        # never reads, so the server's writes do back up.
+        # 8 samples with 20 alternatives per token: ~12 MB of events, far more than the
+        # kernel's socket buffers (tcp_wmem's 4 MB maximum by default, plus the tiny receive
+        # window) can hold for a client that never reads, so the server's writes back up.
         body = json.dumps({"model": self.model, "prompt": "Count: one two three", "max_tokens": 1900,
-                           "n": 4, "logprobs": 20, "ignore_eos": True, "temperature": 0.7, "seed": 1,
+                           "n": 8, "logprobs": 20, "ignore_eos": True, "temperature": 0.7, "seed": 1,
                            "stream": True}).encode()
         stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         # A tiny receive window, and the client never reads: the server's writes back up.
@@ -61,13 +61,13 @@ class StalledReader(unittest.TestCase):
             self.assertEqual(r.status_code, 200)
             self.assertEqual(r.json()["usage"]["completion_tokens"], 8)
             # The stalled request is cancelled once a write waits past write_timeout, long
-            # before its 4 x 1900 tokens could have been produced; its socket is still open.
+            # before its 8 x 1900 tokens could have been produced; its socket is still open.
             self.assertTrue(self.server.wait_for_metric("tessera_requests_in_flight", 0, timeout=60),
                             "the stalled request was never cut off")
             self.assertTrue(self.server.wait_for_metric("tessera_kv_blocks_used", 0, timeout=10))
             produced = (self.server.metric("tessera_generation_tokens_total") or 0) - 8
-            print(f"stalled request cut off after {produced:.0f} of {4 * 1900} tokens")
-            self.assertLess(produced, 4 * 1900)
+            print(f"stalled request cut off after {produced:.0f} of {8 * 1900} tokens")
+            self.assertLess(produced, 8 * 1900)
         finally:
             stalled.close()
         r = httpx.get(self.server.url + "/health", timeout=10)
