@@ -97,6 +97,16 @@ class Server:
             self.proc.wait()
             return None
 
+    def stop_and_check(self):
+        """stop(), asserting the graceful exit status 0 (the stderr tail says why not)."""
+        rc = self.stop()
+        assert rc == 0, f"server exit status {rc}:\n" + "".join(self.stderr_lines[-20:])
+
+    def openai_client(self, api_key="none", timeout=120):
+        """The official client against this server, without retries (a failure shows at once)."""
+        import openai
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
     def metrics(self):
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             return r.read().decode()

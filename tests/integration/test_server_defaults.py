@@ -13,7 +13,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import server_harness as h  # noqa: E402
 
 h.require_environment(modules=("openai",))
-import openai  # noqa: E402
 
 SERVER = None
 MODEL = None
@@ -27,12 +26,11 @@ def setUpModule():
 
 
 def tearDownModule():
-    rc = SERVER.stop()
-    assert rc == 0, f"server exit status {rc}:\n" + "".join(SERVER.stderr_lines[-20:])
+    SERVER.stop_and_check()
 
 
 def client():
-    return openai.OpenAI(base_url=SERVER.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return SERVER.openai_client(api_key="none", timeout=120)
 
 
 class ServerDefaults(unittest.TestCase):

@@ -27,7 +27,6 @@ import server_harness as h  # noqa: E402
 
 h.require_environment(modules=("openai", "httpx"))
 import httpx  # noqa: E402
-import openai  # noqa: E402
 
 SERVER = None
 MODEL = None
@@ -64,12 +63,11 @@ def setUpModule():
 
 
 def tearDownModule():
-    rc = SERVER.stop()
-    assert rc == 0, f"server exit status {rc}:\n" + "".join(SERVER.stderr_lines[-20:])
+    SERVER.stop_and_check()
 
 
 def client():
-    return openai.OpenAI(base_url=SERVER.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    return SERVER.openai_client(api_key="none", timeout=300)
 
 
 def post(path, body):

@@ -26,7 +26,6 @@ import server_harness as h  # noqa: E402
 h.require_environment(modules=("openai", "httpx", "jsonschema", "langchain_openai", "pydantic"))
 import httpx  # noqa: E402
 import jsonschema  # noqa: E402
-import openai  # noqa: E402
 
 SERVER = None
 MODEL = None
@@ -40,12 +39,11 @@ def setUpModule():
 
 
 def tearDownModule():
-    rc = SERVER.stop()
-    assert rc == 0, f"server exit status {rc}:\n" + "".join(SERVER.stderr_lines[-20:])
+    SERVER.stop_and_check()
 
 
 def client():
-    return openai.OpenAI(base_url=SERVER.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return SERVER.openai_client(api_key="unused", timeout=300)
 
 
 def parallel(fn, items):
