@@ -10,9 +10,6 @@ model="${TESSERA_MODEL_PATH:-$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf}"
 scratch="$TESSERA_BUILD_DIR/test-scratch/cli-errors"
 rm -rf "$scratch" && mkdir -p "$scratch"
 cd "$scratch" || exit 1
-passed=0
-failed=0
-
 # expect_error NAME EXPECTED_SUBSTRING COMMAND...
 source "$TESSERA_SOURCE_DIR/tests/support/expect_error.sh"
 

@@ -23,10 +23,7 @@ fi
 scratch="$TESSERA_BUILD_DIR/test-scratch/eval"
 rm -rf "$scratch" && mkdir -p "$scratch"
 cd "$scratch" || exit 1
-passed=0
-failed=0
-pass() { echo "ok   $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1"; failed=$((failed + 1)); }
+source "$TESSERA_SOURCE_DIR/tests/support/expect_error.sh"
 
 # check NAME JSON_FILE PYTHON_EXPRESSION (over the parsed report `r`)
 check() {
@@ -40,7 +37,6 @@ check() {
 
 # expect_error NAME EXPECTED_SUBSTRING COMMAND... (one "error: " line on stderr), and the
 # exit status must be 1.
-source "$TESSERA_SOURCE_DIR/tests/support/expect_error.sh"
 expect_error_1() {
   expect_error "$@"
   if [[ $last_rc -ne 1 ]]; then fail "$1: exit status $last_rc, expected 1"; fi

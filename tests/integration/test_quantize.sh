@@ -24,10 +24,6 @@ fi
 scratch="$TESSERA_BUILD_DIR/test-scratch/quantize"
 rm -rf "$scratch" && mkdir -p "$scratch"
 cd "$scratch" || exit 1
-passed=0
-failed=0
-pass() { echo "ok   $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1"; failed=$((failed + 1)); }
 source "$TESSERA_SOURCE_DIR/tests/support/expect_error.sh"
 expect_error_1() {
   expect_error "$@"

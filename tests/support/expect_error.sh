@@ -2,6 +2,12 @@
 # expect_error NAME EXPECTED_SUBSTRING COMMAND...: the command must exit non-zero (and not by a
 # signal) with exactly one line on stderr, starting "error: " and containing the expected
 # text. Counts into $passed / $failed; the exit status is left in $last_rc.
+# pass NAME / fail NAME: a check of the script's own, counted the same way.
+passed=0
+failed=0
+pass() { echo "ok   $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1"; failed=$((failed + 1)); }
+
 expect_error() {
   local name=$1 expected=$2
   shift 2
