@@ -260,50 +260,47 @@ void Engine::drain_inbox() {
 }
 
 void Engine::admit(const std::shared_ptr<Request>& r, double t) {
-  {
-    auto seq = std::make_unique<Sequence>();
-    seq->request = r;
-    seq->info.id = next_seq_id_++;
-    seq->info.request_id = r->id;
-    seq->info.priority = r->spec.priority;
-    seq->info.arrival_time = t;
-    seq->info.num_prompt_tokens = static_cast<int32_t>(r->spec.prompt.size());
-    seq->info.max_new_tokens = r->spec.params.max_tokens;
-    seq->tokens.reserve(r->spec.prompt.size() + r->spec.params.max_tokens +
-                        components_.num_draft_tokens + 1);
-    seq->tokens = r->spec.prompt;
-    seq->sync_view();
-    seq->pending_forks = r->spec.n - 1;
-    if (r->spec.prompt_logprobs >= 0) seq->prompt_logprobs.reserve(r->spec.prompt.size());
-    seq->sampler_state.rng = seed_for(r->spec.params, r->id, 0);
-    Status matcher_status;
-    if (r->spec.constraint) matcher_status = r->spec.constraint->new_matcher(&seq->matcher);
-    seq->draft.tokens.reserve(components_.num_draft_tokens);
-    seq->timings.arrival = t;
-    // One time stamp per generated token; reserved so decode steps never grow it.
-    seq->timings.token_times.reserve(r->spec.params.max_tokens + components_.num_draft_tokens + 1);
-    r->num_open = r->spec.n;
-    // Everything above only allocated; from here each insertion is undone if a later one
-    // throws, so a failed admission leaves no trace in the maps or the scheduler.
-    const SeqId id = seq->info.id;
-    SequenceInfo* info = &seq->info;
-    requests_[r->id] = r;
-    Sequence* ref = seq.get();
+  auto seq = std::make_unique<Sequence>();
+  seq->request = r;
+  seq->info.id = next_seq_id_++;
+  seq->info.request_id = r->id;
+  seq->info.priority = r->spec.priority;
+  seq->info.arrival_time = t;
+  seq->info.num_prompt_tokens = static_cast<int32_t>(r->spec.prompt.size());
+  seq->info.max_new_tokens = r->spec.params.max_tokens;
+  seq->tokens.reserve(r->spec.prompt.size() + r->spec.params.max_tokens +
+                      components_.num_draft_tokens + 1);
+  seq->tokens = r->spec.prompt;
+  seq->sync_view();
+  seq->pending_forks = r->spec.n - 1;
+  if (r->spec.prompt_logprobs >= 0) seq->prompt_logprobs.reserve(r->spec.prompt.size());
+  seq->sampler_state.rng = seed_for(r->spec.params, r->id, 0);
+  Status matcher_status;
+  if (r->spec.constraint) matcher_status = r->spec.constraint->new_matcher(&seq->matcher);
+  seq->draft.tokens.reserve(components_.num_draft_tokens);
+  seq->timings.arrival = t;
+  // One time stamp per generated token; reserved so decode steps never grow it.
+  seq->timings.token_times.reserve(r->spec.params.max_tokens + components_.num_draft_tokens + 1);
+  r->num_open = r->spec.n;
+  // Everything above only allocated; from here each insertion is undone if a later one
+  // throws, so a failed admission leaves no trace in the maps or the scheduler.
+  Sequence& admitted = *seq;
+  const SeqId id = admitted.info.id;
+  requests_[r->id] = r;
+  try {
+    sequences_.emplace(id, std::move(seq));
+    components_.scheduler->add(&admitted.info);
+  } catch (...) {
     try {
-      sequences_.emplace(id, std::move(seq));
-      components_.scheduler->add(info);
+      components_.scheduler->remove(id);
     } catch (...) {
-      try {
-        components_.scheduler->remove(id);
-      } catch (...) {
-      }
-      sequences_.erase(id);
-      requests_.erase(r->id);
-      throw;
     }
-    if (!matcher_status.is_ok())
-      finish(*ref, FinishReason::kError, Status(matcher_status.code(), "constraint: " + matcher_status.message()));
+    sequences_.erase(id);
+    requests_.erase(r->id);
+    throw;
   }
+  if (!matcher_status.is_ok())
+    finish(admitted, FinishReason::kError, Status(matcher_status.code(), "constraint: " + matcher_status.message()));
 }
 
 void Engine::reject_admission(const Request& r, const Status& error) {
