@@ -3,7 +3,7 @@
 #
 #   scripts/sanitize.sh quick   ASan+UBSan: the unit, conformance and protocol suites and the
 #                               CLI error cases (12m42s build + 2 min tests with -j2 on 2 idle
-#                               cores, ccache partly warm; not yet part of scripts/test.sh)
+#                               cores, ccache partly warm); scripts/test.sh runs it
 #   scripts/sanitize.sh asan    ASan+UBSan: every test but the CUDA ones
 #   scripts/sanitize.sh tsan    TSan: the threaded ones (thread pool, engine, server)
 #   scripts/sanitize.sh all     asan then tsan
