@@ -1,6 +1,6 @@
-// Speculative decoding on the real model with drafter.ngram: greedy output is byte-identical
-// with and without the drafter on every scheduler/KV stack of the invariance suite, prompts
-// alone and 16 at once; EOS-like stop tokens and max_tokens hold inside accepted drafts; no KV
+// Speculative decoding on the real model with drafter.ngram and drafter.suffix: greedy output
+// is byte-identical with and without each drafter on every scheduler/KV stack of the
+// invariance suite, prompts alone and 16 at once; EOS-like stop tokens and max_tokens hold inside accepted drafts; no KV
 // block is left behind after cancellation with drafts pending, preemption of sequences with
 // drafts, and n > 1; and at temperature 1 (and top-p 0.9) verification draws the next token
 // from the same distribution as plain sampling (chi-square on the model's real logits).
@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/chi_square.h"
@@ -32,6 +33,11 @@ constexpr int kNewTokens = 24;
 // adaptive: false, so that every stack really verifies drafts (the adaptive control follows
 // measured step times); one variant below runs the adaptive control.
 const char* kDrafter = "  drafter: {plugin: ngram, num_draft_tokens: 4, min_ngram: 1, max_ngram: 3, adaptive: false}\n";
+// Every drafter the invariance loop runs, by name.
+const std::vector<std::pair<std::string, std::string>> kDrafters = {
+    {"ngram", kDrafter},
+    {"suffix", "  drafter: {plugin: suffix, num_draft_tokens: 4, min_match: 1, adaptive: false}\n"},
+};
 
 using test::check_all_blocks_free;
 using test::Stack;
@@ -62,7 +68,7 @@ std::vector<std::vector<TokenId>> run_alone(Engine& engine, const std::vector<st
 
 }  // namespace
 
-TEST_CASE("greedy output with ngram drafts equals greedy output without, on every invariance stack") {
+TEST_CASE("greedy output with drafts equals greedy output without, for every drafter on every invariance stack") {
   if (!test::have_real_model()) return;
   std::map<std::string, std::vector<std::vector<TokenId>>> reference;  // per attention kernel
   std::vector<std::vector<TokenId>> prompts;
@@ -96,20 +102,22 @@ TEST_CASE("greedy output with ngram drafts equals greedy output without, on ever
        "  scheduler: {plugin: continuous, max_num_seqs: 16}\n"
        "  kv_cache: {plugin: contiguous, memory: 256MiB, dtype: f32}\n"},
   };
-  for (const Variant& v : variants) {
-    INFO("stack " << v.name << " with " << v.kernel << " attention and drafter.ngram");
-    Stack s = make_stack(v.name + "-" + v.kernel,
-                         "engine:\n" + v.yaml + "  attention: {plugin: " + v.kernel + "}\n" + kDrafter);
-    const auto out = test::run_greedy(*s.engine, prompts, kNewTokens);  // all 16 at once
-    int same = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) same += out[i] == reference[v.kernel][i];
-    const EngineStats st = s.engine->stats();
-    MESSAGE(v.name << " + " << v.kernel << " + ngram, 16 concurrent: " << same << "/" << prompts.size()
-                   << " identical; drafts verified " << st.num_draft_tokens << ", accepted "
-                   << st.num_accepted_draft_tokens);
-    CHECK(same == static_cast<int>(prompts.size()));
-    CHECK(st.num_accepted_draft_tokens > 0);  // the drafts were really exercised
-    check_all_blocks_free(*s.engine);
+  for (const auto& [drafter, drafter_yaml] : kDrafters) {
+    for (const Variant& v : variants) {
+      INFO("stack " << v.name << " with " << v.kernel << " attention and drafter." << drafter);
+      Stack s = make_stack(v.name + "-" + v.kernel + "-" + drafter,
+                           "engine:\n" + v.yaml + "  attention: {plugin: " + v.kernel + "}\n" + drafter_yaml);
+      const auto out = test::run_greedy(*s.engine, prompts, kNewTokens);  // all 16 at once
+      int same = 0;
+      for (size_t i = 0; i < prompts.size(); ++i) same += out[i] == reference[v.kernel][i];
+      const EngineStats st = s.engine->stats();
+      MESSAGE(v.name << " + " << v.kernel << " + " << drafter << ", 16 concurrent: " << same << "/"
+                     << prompts.size() << " identical; drafts verified " << st.num_draft_tokens << ", accepted "
+                     << st.num_accepted_draft_tokens);
+      CHECK(same == static_cast<int>(prompts.size()));
+      CHECK(st.num_accepted_draft_tokens > 0);  // the drafts were really exercised
+      check_all_blocks_free(*s.engine);
+    }
   }
 
   // The adaptive control changes how many drafts each step verifies, never the output.
@@ -146,17 +154,20 @@ TEST_CASE("greedy output with ngram drafts equals greedy output without, on ever
     check_all_blocks_free(*a.engine);
   }
 
-  // Each prompt alone (batch 1) with the drafter.
-  Stack s = make_stack("alone-ngram", std::string("engine:\n  kv_cache: {plugin: paged, block_size: 16, "
-                                                  "memory: 128MiB, dtype: f32}\n  attention: {plugin: flash}\n") +
-                                          kDrafter);
-  const auto alone = run_alone(*s.engine, prompts);
-  int same = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) same += alone[i] == reference["flash"][i];
-  MESSAGE("alone + ngram: " << same << "/" << prompts.size() << " identical; acceptance "
-                            << s.engine->stats().num_accepted_draft_tokens << "/" << s.engine->stats().num_draft_tokens);
-  CHECK(same == static_cast<int>(prompts.size()));
-  check_all_blocks_free(*s.engine);
+  // Each prompt alone (batch 1) with each drafter.
+  for (const auto& [drafter, drafter_yaml] : kDrafters) {
+    INFO("alone with drafter." << drafter);
+    Stack s = make_stack("alone-" + drafter, std::string("engine:\n  kv_cache: {plugin: paged, block_size: 16, "
+                                                         "memory: 128MiB, dtype: f32}\n  attention: {plugin: flash}\n") +
+                                                 drafter_yaml);
+    const auto alone = run_alone(*s.engine, prompts);
+    int same = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) same += alone[i] == reference["flash"][i];
+    MESSAGE("alone + " << drafter << ": " << same << "/" << prompts.size() << " identical; acceptance "
+                       << s.engine->stats().num_accepted_draft_tokens << "/" << s.engine->stats().num_draft_tokens);
+    CHECK(same == static_cast<int>(prompts.size()));
+    check_all_blocks_free(*s.engine);
+  }
 }
 
 TEST_CASE("stop tokens and max_tokens hold inside accepted drafts") {
