@@ -3,16 +3,121 @@
 #include <new>
 #include <stdexcept>
 
+#include "tessera/model_runner.h"
+#include "tessera/sdk/model_host.h"
+
 namespace tessera {
 namespace {
 
+// A model as ModelInfo: its resolved path, name and vocabulary.
+class LoadedModelInfo : public ModelInfo {
+ public:
+  LoadedModelInfo(std::shared_ptr<Model> model, std::string path) : model_(std::move(model)), path_(std::move(path)) {}
+  const std::string& name() const override { return model_->name(); }
+  const std::string& path() const override { return path_; }
+  int32_t vocab_size() const override { return model_->hparams().vocab_size; }
+  const std::string& token_text(TokenId id) const override { return model_->tokenizer().token_text(id); }
+
+ protected:
+  std::shared_ptr<Model> model_;
+  std::string path_;
+};
+
+// A second model for a plugin: its weights prepared by the stack's quantizer, run by the
+// stack's backend with its own attention instance and KV pool. Holds what it uses, so it
+// outlives nothing it needs whatever order the stack is torn down in.
+class StackHostModel final : public HostModel {
+ public:
+  StackHostModel(std::shared_ptr<Model> model, std::string path, std::shared_ptr<Backend> backend,
+                 std::shared_ptr<Quantizer> quantizer, std::shared_ptr<AttentionKernel> attention,
+                 const KvLayout& layout, int32_t max_batch_tokens, int32_t max_context)
+      : info_(model, std::move(path)), model_(std::move(model)), backend_(std::move(backend)),
+        quantizer_(std::move(quantizer)), attention_(std::move(attention)), layout_(layout),
+        max_batch_tokens_(max_batch_tokens), max_context_(max_context),
+        runner_(*model_, *backend_, *quantizer_, *attention_, layout_, max_batch_tokens) {}
+
+  const std::string& name() const override { return info_.name(); }
+  const std::string& path() const override { return info_.path(); }
+  int32_t vocab_size() const override { return info_.vocab_size(); }
+  const std::string& token_text(TokenId id) const override { return info_.token_text(id); }
+  const KvLayout& kv_layout() const override { return layout_; }
+  int32_t max_batch_tokens() const override { return max_batch_tokens_; }
+  int32_t max_context() const override { return max_context_; }
+  Status forward(std::span<const ForwardSequence> sequences, std::vector<float>* logits) override {
+    return runner_.forward(sequences, logits);
+  }
+
+ private:
+  LoadedModelInfo info_;
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<Backend> backend_;
+  std::shared_ptr<Quantizer> quantizer_;
+  std::shared_ptr<AttentionKernel> attention_;
+  KvLayout layout_;
+  int32_t max_batch_tokens_, max_context_;
+  ModelRunner runner_;
+};
+
+// The stack's ModelHost while its plugins are created (PluginContext::models).
+class StackModelHost final : public ModelHost {
+ public:
+  StackModelHost(const StackConfig& config, PluginRegistry& registry, const EngineComponents& c,
+                 std::string target_path)
+      : config_(config), registry_(registry), c_(c), target_(c.model, std::move(target_path)) {}
+
+  const ModelInfo& target() const override { return target_; }
+
+  Status load(const HostModelRequest& r, std::unique_ptr<HostModel>* out) override {
+    try {
+      const std::string path = resolve_model_path(r.path);
+      auto model = Model::load(path, *c_.quantizer);
+      const ModelHparams& hp = model->hparams();
+      if (r.block_size <= 0 || r.max_batch_tokens <= 0)
+        return invalid_argument("block_size and max_batch_tokens must be positive");
+      const int32_t max_context = std::min(config_.model.context_length > 0 ? config_.model.context_length
+                                                                            : std::min(hp.context_length, 4096),
+                                           hp.context_length);
+      KvModelShape shape{hp.num_layers, hp.num_kv_heads, hp.head_dim, max_context, 1};
+      KvLayout layout;
+      layout.block_size = r.block_size;
+      layout.k_dtype = layout.v_dtype = r.kv_dtype;
+      const size_t block_bytes = KvLayout::block_bytes(shape, r.block_size, r.kv_dtype, r.kv_dtype);
+      layout.num_blocks = static_cast<int32_t>(static_cast<size_t>(std::max<int64_t>(r.kv_memory_bytes, 0)) / block_bytes);
+      const int32_t blocks_per_context = (max_context + r.block_size - 1) / r.block_size;
+      if (layout.num_blocks < blocks_per_context)
+        return invalid_argument(path + ": a KV pool of " + std::to_string(r.kv_memory_bytes) + " bytes holds " +
+                                std::to_string(layout.num_blocks) + " blocks of " + std::to_string(block_bytes) +
+                                " bytes, fewer than one context of " + std::to_string(max_context) +
+                                " tokens needs (" + std::to_string(blocks_per_context) + ")");
+      // A fresh attention instance of the stack's kernel: kernels keep per-runner scratch.
+      const PluginSlot& slot = config_.engine.at(PluginKind::kAttention);
+      PluginContext context{&host_logger(), slot.file};
+      auto attention = registry_.create<AttentionKernel>(slot.plugin, slot.config, context);
+      *out = std::make_unique<StackHostModel>(std::move(model), path, c_.backend, c_.quantizer,
+                                              std::move(attention), layout, r.max_batch_tokens, max_context);
+      return Status::ok();
+    } catch (const std::bad_alloc&) {
+      return resource_exhausted(r.path + ": out of memory while loading the model or its KV pool");
+    } catch (const std::exception& e) {
+      return invalid_argument(e.what());
+    }
+  }
+
+ private:
+  const StackConfig& config_;
+  PluginRegistry& registry_;
+  const EngineComponents& c_;
+  LoadedModelInfo target_;
+};
+
 template <class Interface>
 std::shared_ptr<Interface> create_slot(const StackConfig& config, PluginRegistry& registry,
-                                       PluginKind kind, const PluginConfig* override_config = nullptr) {
+                                       PluginKind kind, const PluginConfig* override_config = nullptr,
+                                       ModelHost* models = nullptr) {
   auto it = config.engine.find(kind);
   if (it == config.engine.end())
     throw std::runtime_error(std::string("engine.") + plugin_kind_name(kind) + ": slot is not configured");
-  PluginContext context{&host_logger(), it->second.file};
+  PluginContext context{&host_logger(), it->second.file, models};
   return registry.create<Interface>(it->second.plugin, override_config ? *override_config : it->second.config,
                                     context);
 }
@@ -36,16 +141,20 @@ EngineComponents build_engine_components(const StackConfig& config, PluginRegist
   c.kv_cache = create_slot<KvCacheManager>(config, registry, PluginKind::kKvCache);
   c.attention = create_slot<AttentionKernel>(config, registry, PluginKind::kAttention);
   c.sampler = create_slot<Sampler>(config, registry, PluginKind::kSampler);
+  if (config.engine.count(PluginKind::kConstraint))
+    c.constraint = create_slot<Constraint>(config, registry, PluginKind::kConstraint);
+  const std::string model_path = resolve_model_path(config.model.path);
+  c.model = Model::load(model_path, *c.quantizer, progress);
+  c.max_context = config.model.context_length;
+  // The drafter last: a draft-model drafter loads its model through the host, which checks
+  // the vocabulary against the target loaded above.
   if (config.engine.count(PluginKind::kDrafter)) {
-    c.drafter = create_slot<Drafter>(config, registry, PluginKind::kDrafter);
+    StackModelHost host(config, registry, c, model_path);
+    c.drafter = create_slot<Drafter>(config, registry, PluginKind::kDrafter, nullptr, &host);
     c.num_draft_tokens = static_cast<int32_t>(
         config.engine.at(PluginKind::kDrafter).config.get_int("num_draft_tokens", 4));
     c.adaptive_drafts = config.engine.at(PluginKind::kDrafter).config.get_bool("adaptive", false);
   }
-  if (config.engine.count(PluginKind::kConstraint))
-    c.constraint = create_slot<Constraint>(config, registry, PluginKind::kConstraint);
-  c.model = Model::load(resolve_model_path(config.model.path), *c.quantizer, progress);
-  c.max_context = config.model.context_length;
   return c;
 }
 

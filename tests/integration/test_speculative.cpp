@@ -33,11 +33,18 @@ constexpr int kNewTokens = 24;
 // adaptive: false, so that every stack really verifies drafts (the adaptive control follows
 // measured step times); one variant below runs the adaptive control.
 const char* kDrafter = "  drafter: {plugin: ngram, num_draft_tokens: 4, min_ngram: 1, max_ngram: 3, adaptive: false}\n";
-// Every drafter the invariance loop runs, by name.
-const std::vector<std::pair<std::string, std::string>> kDrafters = {
-    {"ngram", kDrafter},
-    {"suffix", "  drafter: {plugin: suffix, num_draft_tokens: 4, min_match: 1, adaptive: false}\n"},
-};
+// Every drafter the tests run, by name: draft-model drafts with the target's own file (the
+// real model twice), so nearly every draft is accepted and verification is exercised hard.
+// The leak test gives it a KV pool of one 512-token context and a little more (12MiB), so
+// that a draft block left behind shows as a sequence that can no longer draft.
+std::vector<std::pair<std::string, std::string>> drafters(const std::string& draft_kv_memory = "128MiB") {
+  return {
+      {"ngram", kDrafter},
+      {"suffix", "  drafter: {plugin: suffix, num_draft_tokens: 4, min_match: 1, adaptive: false}\n"},
+      {"draft-model", "  drafter: {plugin: draft-model, model: '" + test::real_model_path() +
+                          "', num_draft_tokens: 4, memory: " + draft_kv_memory + ", adaptive: false}\n"},
+  };
+}
 
 using test::check_all_blocks_free;
 using test::Stack;
@@ -102,7 +109,7 @@ TEST_CASE("greedy output with drafts equals greedy output without, for every dra
        "  scheduler: {plugin: continuous, max_num_seqs: 16}\n"
        "  kv_cache: {plugin: contiguous, memory: 256MiB, dtype: f32}\n"},
   };
-  for (const auto& [drafter, drafter_yaml] : kDrafters) {
+  for (const auto& [drafter, drafter_yaml] : drafters()) {
     for (const Variant& v : variants) {
       INFO("stack " << v.name << " with " << v.kernel << " attention and drafter." << drafter);
       Stack s = make_stack(v.name + "-" + v.kernel + "-" + drafter,
@@ -155,7 +162,7 @@ TEST_CASE("greedy output with drafts equals greedy output without, for every dra
   }
 
   // Each prompt alone (batch 1) with each drafter.
-  for (const auto& [drafter, drafter_yaml] : kDrafters) {
+  for (const auto& [drafter, drafter_yaml] : drafters()) {
     INFO("alone with drafter." << drafter);
     Stack s = make_stack("alone-" + drafter, std::string("engine:\n  kv_cache: {plugin: paged, block_size: 16, "
                                                          "memory: 128MiB, dtype: f32}\n  attention: {plugin: flash}\n") +
@@ -215,64 +222,89 @@ TEST_CASE("cancellation with drafts pending, preemption of sequences with drafts
                             "  scheduler: {plugin: chunked-prefill, chunk_size: 64, max_batch_tokens: 256}\n"
                             "  kv_cache: {plugin: paged, block_size: 16, memory: 24MiB, dtype: f32}\n";
   Stack plain = make_stack("leaks-plain", small);
-  Stack spec = make_stack("leaks-spec", small + kDrafter);
   const auto prompts = encode_all(*plain.engine, test::grounded_prompts(8));
   const auto reference = run_alone(*plain.engine, prompts);
-  const auto out = test::run_greedy(*spec.engine, prompts, kNewTokens);
-  CHECK(out == reference);
-  MESSAGE("preemptions with drafts: " << spec.engine->stats().num_preemptions << ", accepted "
-                                      << spec.engine->stats().num_accepted_draft_tokens);
-  CHECK(spec.engine->stats().num_preemptions > 0);
-  CHECK(spec.engine->stats().num_accepted_draft_tokens > 0);
-  check_all_blocks_free(*spec.engine);
+  for (const auto& [drafter, drafter_yaml] : drafters("12MiB")) {
+    INFO("drafter." << drafter);
+    Stack spec = make_stack("leaks-spec-" + drafter, small + drafter_yaml);
+    const auto out = test::run_greedy(*spec.engine, prompts, kNewTokens);
+    CHECK(out == reference);
+    MESSAGE("preemptions with drafts: " << spec.engine->stats().num_preemptions << ", accepted "
+                                        << spec.engine->stats().num_accepted_draft_tokens);
+    CHECK(spec.engine->stats().num_preemptions > 0);
+    CHECK(spec.engine->stats().num_accepted_draft_tokens > 0);
+    check_all_blocks_free(*spec.engine);
 
-  // Cancelled while its next drafts wait to be verified.
-  Engine& engine = *spec.engine;
-  bool cancelled = false;
-  GenerationRequest victim;
-  victim.prompt = prompts[0];
-  victim.params.temperature = 0;
-  victim.params.max_tokens = 200;
-  victim.params.ignore_eos = true;
-  victim.on_event = [&](const GenerationEvent& ev) {
-    if (ev.finished) cancelled = ev.finish_reason == FinishReason::kCancelled;
-  };
-  uint64_t id = 0;
-  REQUIRE(engine.submit(victim, &id).is_ok());
-  const uint64_t drafts_before = engine.stats().num_drafts;
-  for (int i = 0; i < 200 && engine.stats().num_drafts < drafts_before + 3; ++i) engine.step();
-  REQUIRE(engine.stats().num_drafts >= drafts_before + 3);
-  engine.cancel(id);
-  engine.run_until_idle();
-  CHECK(cancelled);
-  check_all_blocks_free(engine);
-
-  // n = 3: greedy samples all equal the plain greedy output; seeded samples reproduce.
-  std::map<int, std::vector<TokenId>> greedy, sampled[2];
-  auto run_n = [&](std::map<int, std::vector<TokenId>>* samples, float temperature) {
-    GenerationRequest r;
-    r.prompt = prompts[1];
-    r.n = 3;
-    r.params.temperature = temperature;
-    r.params.seed = 5;
-    r.params.has_seed = true;
-    r.params.max_tokens = kNewTokens;
-    r.params.ignore_eos = true;
-    r.on_event = [samples](const GenerationEvent& ev) {
-      for (const auto& t : ev.tokens) (*samples)[ev.choice].push_back(t.token);
+    // Cancelled while its next drafts wait to be verified.
+    Engine& engine = *spec.engine;
+    bool cancelled = false;
+    GenerationRequest victim;
+    victim.prompt = prompts[0];
+    victim.params.temperature = 0;
+    victim.params.max_tokens = 200;
+    victim.params.ignore_eos = true;
+    victim.on_event = [&](const GenerationEvent& ev) {
+      if (ev.finished) cancelled = ev.finish_reason == FinishReason::kCancelled;
     };
-    uint64_t ignored = 0;
-    REQUIRE(engine.submit(r, &ignored).is_ok());
+    uint64_t id = 0;
+    REQUIRE(engine.submit(victim, &id).is_ok());
+    const uint64_t drafts_before = engine.stats().num_drafts;
+    for (int i = 0; i < 200 && engine.stats().num_drafts < drafts_before + 3; ++i) engine.step();
+    REQUIRE(engine.stats().num_drafts >= drafts_before + 3);
+    engine.cancel(id);
     engine.run_until_idle();
-  };
-  run_n(&greedy, 0.0f);
-  REQUIRE(greedy.size() == 3);
-  for (const auto& [choice, tokens] : greedy) CHECK(tokens == reference[1]);
-  run_n(&sampled[0], 1.0f);
-  run_n(&sampled[1], 1.0f);
-  CHECK(sampled[0] == sampled[1]);
-  for (const auto& [choice, tokens] : sampled[0]) CHECK(tokens.size() == static_cast<size_t>(kNewTokens));
-  check_all_blocks_free(engine);
+    CHECK(cancelled);
+    check_all_blocks_free(engine);
+
+    // n = 3: greedy samples all equal the plain greedy output; seeded samples reproduce, and
+    // equal the plain stack's seeded samples (every drafter here is deterministic, and
+    // verification against a one-hot q draws as plain sampling does).
+    std::map<int, std::vector<TokenId>> greedy, sampled[2], plain_sampled;
+    auto run_n = [&](std::map<int, std::vector<TokenId>>* samples, float temperature, Engine& on) {
+      GenerationRequest r;
+      r.prompt = prompts[1];
+      r.n = 3;
+      r.params.temperature = temperature;
+      r.params.seed = 5;
+      r.params.has_seed = true;
+      r.params.max_tokens = kNewTokens;
+      r.params.ignore_eos = true;
+      r.on_event = [samples](const GenerationEvent& ev) {
+        for (const auto& t : ev.tokens) (*samples)[ev.choice].push_back(t.token);
+      };
+      uint64_t ignored = 0;
+      REQUIRE(on.submit(r, &ignored).is_ok());
+      on.run_until_idle();
+    };
+    run_n(&greedy, 0.0f, engine);
+    REQUIRE(greedy.size() == 3);
+    for (const auto& [choice, tokens] : greedy) CHECK(tokens == reference[1]);
+    run_n(&sampled[0], 1.0f, engine);
+    run_n(&sampled[1], 1.0f, engine);
+    run_n(&plain_sampled, 1.0f, *plain.engine);
+    CHECK(sampled[0] == sampled[1]);
+    CHECK(sampled[0] == plain_sampled);
+    for (const auto& [choice, tokens] : sampled[0]) CHECK(tokens.size() == static_cast<size_t>(kNewTokens));
+    check_all_blocks_free(engine);
+
+    // The drafter's own state is released too: a request needing nearly a whole context of
+    // draft KV (draft-model's pool holds one 512-token context) still gets drafts accepted,
+    // which it could not if any earlier sequence had left a draft block behind.
+    if (drafter == "draft-model") {
+      GenerationRequest r;
+      for (int i = 0; r.prompt.size() < 400; ++i) r.prompt.insert(r.prompt.end(), prompts[i % 8].begin(), prompts[i % 8].end());
+      r.prompt.resize(400);
+      r.params.temperature = 0;
+      r.params.max_tokens = 100;
+      r.params.ignore_eos = true;
+      uint64_t ignored = 0;
+      const uint64_t accepted_before = engine.stats().num_accepted_draft_tokens;
+      REQUIRE(engine.submit(r, &ignored).is_ok());
+      engine.run_until_idle();
+      CHECK(engine.stats().num_accepted_draft_tokens > accepted_before + 50);
+      check_all_blocks_free(engine);
+    }
+  }
 }
 
 namespace {

@@ -72,6 +72,15 @@ class StandardSampler final : public Sampler {
         token.token = p.is_greedy() ? argmax(row) : draw(row, p, state);
       } else if (p.is_greedy()) {
         token.token = argmax(row);
+      } else if (drafts.q.empty()) {
+        // A deterministic drafter (q one-hot): draw exactly as plain sampling does and keep
+        // the draft if the draw equals it. That is rejection sampling against a one-hot q
+        // (accepted with probability p(draft), otherwise a draw from p without the draft),
+        // and it spends the random stream one draw per emitted token, as plain sampling
+        // does: a seeded request gives the same tokens with or without drafts, whatever
+        // the drafter proposed (drafts that depend on other requests, as suffix's global
+        // cache, included).
+        token.token = draw(row, p, state);
       } else {
         const std::span<const float> q =
             drafts.q.empty() ? std::span<const float>() : drafts.q.subspan(i * vocab, vocab);
@@ -87,8 +96,8 @@ class StandardSampler final : public Sampler {
 
   // Rejection sampling (Leviathan et al.; Chen et al.): keep the draft with probability
   // min(1, p/q) at it, otherwise draw from norm(max(0, p - q)); the result is distributed as
-  // p whatever q is. An empty q is one-hot at the draft (a deterministic drafter): accept with
-  // probability p(draft), else draw from p without the draft.
+  // p whatever q is. verify calls it only for drafts with a q (for a one-hot q it draws
+  // directly, see above); an empty q here still means one-hot at the draft.
   TokenId accept_or_resample(const std::vector<float>& probs, TokenId draft, std::span<const float> q,
                              SamplerState* state) {
     const double p_draft = probs[draft];

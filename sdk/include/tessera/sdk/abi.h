@@ -7,6 +7,9 @@
 // ConstraintMatcher; PluginKind::kConstraint appended, so existing kinds keep their values).
 // 2.2 CacheKey::reproducible, CachedResponse::tier, CacheLayer::metrics and CacheMetric (the
 // gateway's cache layers).
+// 2.3 PluginContext::models and tessera/sdk/model_host.h (ModelHost, ModelInfo, HostModel):
+// a plugin loads and runs a second model through the host (the draft-model drafter). The
+// field is appended, so plugins built against 2.0-2.2 read the context unchanged.
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -20,7 +23,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 2
+#define TESSERA_SDK_ABI_MINOR 3
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

@@ -44,10 +44,15 @@ inline const char* plugin_kind_name(PluginKind kind) {
 
 enum class PluginStatus : uint32_t { kStable = 0, kAlpha, kWip };
 
+class ModelHost;  // tessera/sdk/model_host.h
+
 // What the host gives every plugin it creates.
 struct PluginContext {
   Logger* logger = nullptr;     // never null when created by the host; outlives the object
   std::string config_file;      // the YAML file the slot came from ("" when built in code)
+  // The stack's model services (load and run another model; the target's vocabulary), for
+  // drafters; null where no stack is being built (tests, the gateway's layers). SDK 2.3.
+  ModelHost* models = nullptr;
 };
 
 // The first fields of every manifest. Their layout never changes, so the host can read the

@@ -1,0 +1,65 @@
+// Host services for plugins that run a second model beside the stack's own (SDK ABI 2.3):
+// a draft model for speculative decoding loads a GGUF through the host, which prepares its
+// weights with the stack's quantizer and runs it with the stack's backend and a fresh
+// instance of the stack's attention kernel, into a paged KV pool the plugin manages itself.
+// PluginContext::models points at the stack's ModelHost while the plugin is being created
+// (inside its create function): load what you need there and keep the HostModel, which lives
+// as long as you hold it, not the host.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/sdk/forward.h"
+#include "tessera/sdk/kv_cache.h"
+#include "tessera/sdk/status.h"
+#include "tessera/sdk/types.h"
+
+namespace tessera {
+
+// What a plugin may know about a model: enough to check that two models share a vocabulary.
+class ModelInfo {
+ public:
+  virtual ~ModelInfo() = default;
+  virtual const std::string& name() const = 0;     // general.name, else the file's stem
+  virtual const std::string& path() const = 0;     // the resolved GGUF path
+  virtual int32_t vocab_size() const = 0;          // rows of logits
+  // The vocabulary entry as stored (GGUF tokenizer.ggml.tokens), for id in [0, vocab_size).
+  virtual const std::string& token_text(TokenId id) const = 0;
+};
+
+// A model the host loaded for a plugin, with its own KV pool (`kv_layout().num_blocks`
+// blocks of `block_size` tokens). The plugin owns the block ids: it allocates them to its
+// sequences and passes block tables in ForwardSequence, as the engine does with the target.
+class HostModel : public ModelInfo {
+ public:
+  virtual const KvLayout& kv_layout() const = 0;
+  virtual int32_t max_batch_tokens() const = 0;  // most tokens one forward may carry
+  virtual int32_t max_context() const = 0;       // positions per sequence
+  // Same contract as ForwardRunner::forward: [sum of num_logit_rows][vocab_size] logits in
+  // batch order into *logits (resized only when it grows).
+  virtual Status forward(std::span<const ForwardSequence> sequences, std::vector<float>* logits) = 0;
+};
+
+struct HostModelRequest {
+  std::string path;                  // a GGUF file or a model name, resolved like model.path
+  int32_t block_size = 16;           // tokens per KV block
+  int64_t kv_memory_bytes = 64 << 20;  // the KV pool (rounded down to whole blocks)
+  KvDtype kv_dtype = KvDtype::kF16;  // both pools
+  int32_t max_batch_tokens = 512;    // scratch rows per forward
+};
+
+class ModelHost {
+ public:
+  virtual ~ModelHost() = default;
+  // The model the stack serves.
+  virtual const ModelInfo& target() const = 0;
+  // Loads another model. Errors name the file (missing, unsupported architecture or weight
+  // type, a KV pool too small for one block per sequence).
+  virtual Status load(const HostModelRequest& request, std::unique_ptr<HostModel>* out) = 0;
+};
+
+}  // namespace tessera

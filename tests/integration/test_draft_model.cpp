@@ -1,0 +1,121 @@
+// drafter.draft-model's start-up checks on real files: a draft model whose vocabulary differs
+// from the target's is refused naming the token and both models; a missing file is refused
+// naming engine.drafter.model; on a real stack it keeps the drafter contract and drafts the
+// model's own greedy continuation.
+// (Greedy identity, preemption, cancellation and n > 1 with draft-model drafts are in
+// test_speculative.cpp, with the other drafters.)
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "support/real_model.h"
+#include "support/stacks.h"
+#include "support/test_env.h"
+#include "tessera/gguf.h"
+#include "tessera/stack.h"
+
+using namespace tessera;
+
+namespace {
+
+// A copy of the real model whose vocabulary entry `id` reads `text`: same weights, same
+// size, one token that means something else.
+std::string write_model_with_token(const std::string& name, int32_t id, const std::string& text) {
+  auto in = gguf::GgufFile::open(test::real_model_path());
+  gguf::GgufWriter w;
+  w.set_alignment(in->alignment());
+  for (const auto& [key, value] : in->metadata()) {
+    if (key == "general.alignment") continue;
+    if (key == "tokenizer.ggml.tokens") {
+      std::vector<std::string> tokens = *in->opt_string_array(key);
+      tokens.at(static_cast<size_t>(id)) = text;
+      w.add_string_array(key, tokens);
+    } else {
+      w.add_value(key, value);
+    }
+  }
+  for (const gguf::TensorInfo& t : in->tensors())
+    w.add_tensor(t.name, t.dims, t.type, std::vector<uint8_t>(t.data, t.data + t.num_bytes));
+  const std::string path = (test::scratch_dir(name) / "draft.gguf").string();
+  w.write(path);
+  return path;
+}
+
+void check_refused(const std::string& name, const std::string& drafter_yaml, const std::string& expected) {
+  const auto path = test::write_stack_file(name, "engine:\n  drafter: " + drafter_yaml + "\n");
+  PluginRegistry registry;
+  registry.scan_directory(test::plugin_dir());
+  const StackConfig config = load_stack_config(path.string(), registry);
+  CHECK_THROWS_WITH(build_engine(config, registry), doctest::Contains(expected.c_str()));
+}
+
+}  // namespace
+
+TEST_CASE("a draft model with another vocabulary is refused, naming the token and both models") {
+  if (!test::have_real_model()) return;
+  const std::string draft = write_model_with_token("draft-model-vocab", 1000, "not-the-same-token");
+  check_refused("draft-model-vocab-stack", "{plugin: draft-model, model: '" + draft + "'}",
+                "engine.drafter.model: token 1000 is 'not-the-same-token' in the draft model and '");
+  check_refused("draft-model-vocab-stack2", "{plugin: draft-model, model: '" + draft + "'}",
+                "draft " + std::string("draft: ") + draft);
+}
+
+TEST_CASE("draft-model keeps the propose contract on a real stack and drafts what the model would say") {
+  if (!test::have_real_model()) return;
+  const auto path = test::write_stack_file(
+      "draft-model-contract", "engine:\n  drafter: {plugin: draft-model, model: '" + test::real_model_path() + "'}\n");
+  PluginRegistry registry;
+  registry.scan_directory(test::plugin_dir());
+  EngineComponents c = build_engine_components(load_stack_config(path.string(), registry), registry);
+  REQUIRE(c.drafter != nullptr);
+  const std::vector<TokenId> prompt = c.model->tokenizer().encode("The capital of France is", true, false);
+  struct Seq {
+    SequenceInfo info;
+    std::vector<TokenId> tokens;
+    Draft draft;
+  };
+  std::vector<Seq> seqs(3);
+  const std::vector<std::vector<TokenId>> texts = {prompt, {5, 6, 7, 8, 5, 6, 7, 8, 5, 6}, {1}};
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i].tokens = texts[i];
+    seqs[i].info.id = static_cast<SeqId>(i + 1);
+    seqs[i].info.num_prompt_tokens = static_cast<int32_t>(texts[i].size());
+    seqs[i].info.num_computed_tokens = seqs[i].info.num_prompt_tokens;
+    seqs[i].info.tokens = seqs[i].tokens;
+  }
+  std::vector<TokenId> first_drafts;
+  for (int32_t max : {1, 3, 8}) {
+    std::vector<DraftRequest> requests;
+    for (Seq& s : seqs) {
+      s.draft.clear();
+      requests.push_back({&s.info, max, &s.draft});
+    }
+    REQUIRE(c.drafter->propose(requests).is_ok());
+    for (Seq& s : seqs) {
+      CHECK(s.draft.tokens.size() == static_cast<size_t>(max));  // a model always has a next token
+      CHECK(s.draft.q.empty());                                   // argmax drafts, one-hot q
+      for (TokenId t : s.draft.tokens) CHECK((t >= 0 && t < c.model->hparams().vocab_size));
+    }
+    // Drafts of one sequence do not depend on how many are asked for: each longer draft
+    // extends the shorter one (the cache kept from the last call is reused or refed).
+    if (!first_drafts.empty())
+      CHECK(std::vector<TokenId>(seqs[0].draft.tokens.begin(), seqs[0].draft.tokens.begin() + first_drafts.size()) ==
+            first_drafts);
+    first_drafts = seqs[0].draft.tokens;
+  }
+  // The model's greedy continuation of the prompt, drafted by the same model: " Paris".
+  CHECK(c.model->tokenizer().decode(first_drafts, false).rfind(" Paris", 0) == 0);
+  c.drafter->on_drafts_settled(1, 3, 1);
+  c.drafter->on_drafts_settled(12345, 2, 0);  // unknown ids are fine
+  for (SeqId id : {1, 2, 3, 12345}) c.drafter->forget(id);
+}
+
+TEST_CASE("a missing draft model file or a KV pool too small for a context is refused naming the key") {
+  if (!test::have_real_model()) return;
+  check_refused("draft-model-missing", "{plugin: draft-model, model: /nonexistent/draft.gguf}",
+                "engine.drafter.model: ");
+  check_refused("draft-model-small-pool",
+                "{plugin: draft-model, model: '" + test::real_model_path() + "', memory: 1MiB}",
+                "fewer than one context of");
+}
