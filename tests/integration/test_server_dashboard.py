@@ -5,7 +5,7 @@ sizes): two deployments of the default model, `chunked` (the default stack) and 
 drafter.ngram), an ab-split router `ab` over them, and the exact cache with a tiny in-process
 budget in front of a real redis-server (so answers come from both tiers; without
 redis-server the in-process tier alone). 16 clients stream completions through the router,
-each a sticky user, a third of their requests repeated (cache hits). Checked:
+each a sticky user, half their requests repeated prompts (cache hits). Checked:
 - both routes need the key (bearer; the page also takes ?key=), and /v1/stats needs GET;
 - under load, every /v1/stats counter lies between two /metrics scrapes taken around it,
   the series are one column per key, ending within one sampling interval of the reply;
@@ -210,11 +210,13 @@ class Load:
     def client(self, i):
         n = 0
         while not self.stop_event.is_set():
-            # A shared prefix (prefix-cache hits) and a per-request tail; every third request
-            # one of REPEATED (exact-cache hits once some client of the same arm asked it).
-            # The user picks the arm (ab-split is sticky per user).
-            if n % 3 == 2:
-                prompt, max_tokens = REPEATED[(i + n) % len(REPEATED)], 24
+            # A shared prefix (prefix-cache hits) and a per-request tail; every fourth request
+            # one of REPEATED, asked twice in a row: the first is a Redis hit once another
+            # client of the same arm asked it and the tiny in-process tier has evicted it, the
+            # second an in-process hit (just stored, or copied from Redis). The user picks the
+            # arm (ab-split is sticky per user).
+            if n % 4 >= 2:
+                prompt, max_tokens = REPEATED[(i + n // 4) % len(REPEATED)], 24
             else:
                 prompt, max_tokens = SHARED_PREFIX + f" Client {i}, request {n}:", 16 + (7 * i + 5 * n) % 33
             body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
