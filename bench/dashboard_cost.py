@@ -3,12 +3,15 @@
 interleaved rounds without and with a poller that does what the page does (GET /v1/stats
 every 2 s, the roofline every 30 s).
 
-    python3 bench/dashboard_cost.py [--rounds 3] [-n 32] [--config configs/smollm2-cpu.yaml]
+    python3 bench/dashboard_cost.py [--rounds 3] [-n 32] [--config configs/smollm2-cpu.yaml] [--model ab]
 
 Starts its own `tessera serve` (port 0), makes one workload (`bench make-workload`), runs a
 warm-up round, then rounds in the order off,on / on,off / off,on ... and prints every
-round's output tokens/s, the ratio of the medians and each pair's ratio. Nothing here is
-asserted: on a shared machine the spread between rounds is the figure to read first.
+round's output tokens/s and the server's CPU seconds per completed request (utime + stime
+of the server process over the round, from /proc), the ratios of the medians and each
+pair's ratio. CPU per request is the robust figure on a shared machine: other processes
+stretch a round's wall time (and so tokens/s) far more than the CPU the server spends on
+it. Nothing here is asserted: the spread between rounds is the figure to read first.
 """
 import argparse
 import json
@@ -33,6 +36,7 @@ def main():
     ap.add_argument("-n", "--num-requests", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--poll", type=float, default=2.0, help="seconds between /v1/stats polls")
+    ap.add_argument("--model", help="the model id to load (default: the first of /v1/models), e.g. a router")
     ap.add_argument("--json", help="write every round to this file")
     args = ap.parse_args()
 
@@ -54,7 +58,9 @@ def main():
     threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
     url = f"http://127.0.0.1:{port}"
     with urllib.request.urlopen(url + "/v1/models") as r:
-        model = json.load(r)["data"][0]["id"]
+        model = args.model or json.load(r)["data"][0]["id"]
+    print(f"start {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, load average "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
 
     polls = {"n": 0, "bytes": 0, "seconds": 0.0}
 
@@ -74,29 +80,34 @@ def main():
             polls["seconds"] += time.monotonic() - t0
             stop.wait(args.poll)
 
+    def server_cpu_seconds():
+        with open(f"/proc/{server.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def round_(label, with_poller):
         out = os.path.join(work, f"{label}.json")
         stop = threading.Event()
         t = threading.Thread(target=poller, args=(stop,), daemon=True) if with_poller else None
         if t:
             t.start()
+        cpu0 = server_cpu_seconds()
         subprocess.run([args.tessera, "bench", "serve", "--url", url, "--model", model, "-w", workload,
                         "--concurrency", str(args.concurrency), "--json", out],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu = server_cpu_seconds() - cpu0
         stop.set()
         if t:
             t.join()
         with open(out) as f:
             m = json.load(f)["levels"][0]["metrics"]
+        m["server_cpu_s"] = cpu
+        m["server_cpu_ms_per_request"] = cpu / max(1, m["completed"]) * 1e3
         print(f"{label:>10}  poller {'on ' if with_poller else 'off'}  {m['output_tokens_per_s']:7.1f} tok/s  "
+              f"CPU {m['server_cpu_ms_per_request']:6.1f} ms/request  load {os.getloadavg()[0]:.1f}  "
               f"TTFT p50 {m['ttft_p50_ms']:7.1f} ms  TPOT p50 {m['tpot_p50_ms']:6.1f} ms  "
               f"{m['completed']}/{m['requests']} ok  ({time.strftime('%H:%M:%S', time.gmtime())} UTC)", flush=True)
         return {"label": label, "poller": with_poller, **m}
-
-    def server_cpu_seconds():
-        with open(f"/proc/{server.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def cpu_per_poll(n=300):
         """Server CPU seconds per /v1/stats?window=300 reply, the server otherwise idle."""
@@ -124,12 +135,15 @@ def main():
         server.terminate()
         server.wait(60)
 
-    off = [x["output_tokens_per_s"] for x in rounds if not x["poller"]]
-    on = [x["output_tokens_per_s"] for x in rounds if x["poller"]]
-    pairs = [b / a for a, b in zip(off, on)]
-    print(f"median tok/s: off {statistics.median(off):.1f}, on {statistics.median(on):.1f}; "
-          f"on/off = {statistics.median(on) / statistics.median(off):.4f}; per pair: "
-          + ", ".join(f"{p:.4f}" for p in pairs))
+    for key, name in [("output_tokens_per_s", "tok/s"), ("server_cpu_ms_per_request", "server CPU ms/request")]:
+        off = [x[key] for x in rounds if not x["poller"]]
+        on = [x[key] for x in rounds if x["poller"]]
+        pairs = [b / a for a, b in zip(off, on)]
+        print(f"median {name}: off {statistics.median(off):.2f}, on {statistics.median(on):.2f}; "
+              f"on/off = {statistics.median(on) / statistics.median(off):.4f}; per pair: "
+              + ", ".join(f"{p:.4f}" for p in pairs))
+    print(f"end {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, load average "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if polls["n"]:
         print(f"polls: {polls['n']}, mean reply {polls['bytes'] / polls['n'] / 1024:.1f} KiB, "
               f"mean client-side time {polls['seconds'] / polls['n'] * 1e3:.1f} ms")

@@ -8,9 +8,9 @@ packages=(
   libboost-dev libboost-filesystem-dev libboost-system-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libssl-dev
   protobuf-compiler libprotobuf-dev
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server  # the exact cache's Redis tier; the gateway and dashboard tests start one
   python3 python3-pip
-  chromium
+  chromium                     # headless, for the /dashboard test (tests/integration/test_server_dashboard.py)
 )
 
 missing=()

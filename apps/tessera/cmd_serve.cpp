@@ -57,8 +57,6 @@ void run_serve(const ServeOptions& opt) {
     server_config.port = *opt.port;
   }
   Gateway& gateway = *stack.gateway;
-  // The stats page and dashboard follow the first deployment's engine.
-  Engine& engine = gateway.engine(0);
   const std::string model_id = gateway.deployment(0).name();
   std::string served;
   for (size_t i = 0; i < gateway.num_deployments(); ++i)
@@ -67,10 +65,18 @@ void run_serve(const ServeOptions& opt) {
   const auto api_keys = collect_api_keys(server_config);
 
   server::OpenAiService service(gateway, server_config, api_keys);
-  // /v1/stats and /dashboard: one sample per second of what /metrics reports, 15 minutes kept.
+  // /v1/stats and /dashboard: one sample per second of what /metrics reports (every
+  // deployment's engine, the first's as the headline), 15 minutes kept.
   server::StatsOptions stats_options;
   stats_options.roofline_report = opt.roofline_report;
-  server::StatsRecorder stats(io.get_executor(), engine, service.metrics(), model_id, stats_options);
+  std::vector<server::StatsDeployment> stats_deployments;
+  for (size_t i = 0; i < gateway.num_deployments(); ++i) {
+    const auto& slots = stack.config.deployments[i].engine;
+    const auto drafter = slots.find(PluginKind::kDrafter);
+    stats_deployments.push_back({gateway.deployment(i).name(), &gateway.engine(i),
+                                 drafter == slots.end() ? std::string() : drafter->second.plugin});
+  }
+  server::StatsRecorder stats(io.get_executor(), std::move(stats_deployments), service.metrics(), stats_options);
   service.attach_stats(&stats);
   service.set_access_log(!opt.no_access_log);
   server::HttpServer http(io, server_config, service);

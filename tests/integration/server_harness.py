@@ -7,6 +7,7 @@ TESSERA_REQUIRE_MODEL=1 (scripts/test.sh sets it), where that is a failure.
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -122,6 +123,65 @@ class Server:
                 return True
             time.sleep(0.1)
         return False
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Redis:
+    """A redis-server (Debian's package) on a free loopback port, persistence off."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="tessera-redis-")
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                if self.cli("PING") == "PONG":
+                    return self
+            except subprocess.CalledProcessError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def cli(self, *args):
+        return subprocess.run(["redis-cli", "-p", str(self.port)] + list(args), check=True, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+
+    def keys(self):
+        out = self.cli("--scan", "--pattern", "tessera:exact:*")
+        return [k for k in out.splitlines() if k]
+
+    def wait_for_keys(self, n, timeout=10):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if len(self.keys()) >= n:
+                return True
+            time.sleep(0.05)
+        return False
+
+
+class Gateway(Server):
+    """A `tessera serve` with `yaml` as its whole config (deployments, gateway, server)."""
+
+    def __init__(self, yaml, name):
+        super().__init__(name=name)
+        with open(self.config, "w") as f:
+            f.write(yaml)
 
 
 def stream_completion(url, body, result, on_text=None, headers=None):

@@ -16,7 +16,6 @@ started by the test on a free loopback port with persistence off.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,63 +35,6 @@ import openai  # noqa: E402
 
 TTL_SECONDS = 6
 A_WEIGHT, B_WEIGHT = 30, 70  # arms of the ab router: continuous 30 %, chunked 70 %
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Redis:
-    def __init__(self):
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="tessera-redis-")
-        self.proc = None
-
-    def start(self):
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                if self.cli("PING") == "PONG":
-                    return self
-            except subprocess.CalledProcessError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def cli(self, *args):
-        return subprocess.run(["redis-cli", "-p", str(self.port)] + list(args), check=True, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-
-    def keys(self):
-        out = self.cli("--scan", "--pattern", "tessera:exact:*")
-        return [k for k in out.splitlines() if k]
-
-    def wait_for_keys(self, n, timeout=10):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if len(self.keys()) >= n:
-                return True
-            time.sleep(0.05)
-        return False
-
-
-class Gateway(h.Server):
-    """A `tessera serve` with `yaml` as its whole config (deployments, gateway, server)."""
-
-    def __init__(self, yaml, name):
-        super().__init__(name=name)
-        with open(self.config, "w") as f:
-            f.write(yaml)
 
 
 def small_stack(extra=""):
@@ -118,11 +60,11 @@ REDIS = A = B = None
 
 def setUpModule():
     global REDIS, A, B
-    REDIS = Redis().start()
+    REDIS = h.Redis().start()
     yaml = two_deployment_yaml(REDIS.port)
     try:
-        A = Gateway(yaml, "gateway-a").start(timeout=240)
-        B = Gateway(yaml, "gateway-b").start(timeout=240)
+        A = h.Gateway(yaml, "gateway-a").start(timeout=240)
+        B = h.Gateway(yaml, "gateway-b").start(timeout=240)
     except Exception:
         # unittest skips tearDownModule when setUpModule fails: leave no process behind.
         if A:
@@ -386,7 +328,7 @@ engine: {{kv_cache: {{plugin: paged, memory: 64MiB}}}}
 gateway:
   cache: [{{plugin: exact, ttl: 2s, max_bytes: 2KiB}}]
 """
-        g = Gateway(yaml, "gateway-memory")
+        g = h.Gateway(yaml, "gateway-memory")
         try:
             g.start(timeout=240)
             model = client(g).models.list().data[0].id

@@ -1,7 +1,11 @@
 """End-to-end: GET /v1/stats and GET /dashboard on a real `tessera serve` under streaming load.
 
-A server with an API key and a real roofline report (`tessera bench roofline --json`, tiny
-sizes) serves 16 clients streaming completions. Checked:
+A gateway with an API key and a real roofline report (`tessera bench roofline --json`, tiny
+sizes): two deployments of the default model, `chunked` (the default stack) and `spec` (plus
+drafter.ngram), an ab-split router `ab` over them, and the exact cache with a tiny in-process
+budget in front of a real redis-server (so answers come from both tiers; without
+redis-server the in-process tier alone). 16 clients stream completions through the router,
+each a sticky user, half their requests repeated prompts (cache hits). Checked:
 - both routes need the key (bearer; the page also takes ?key=), and /v1/stats needs GET;
 - under load, every /v1/stats counter lies between two /metrics scrapes taken around it,
   the series are one column per key, ending within one sampling interval of the reply;
@@ -9,9 +13,14 @@ sizes) serves 16 clients streaming completions. Checked:
   points, its headline counters lie between /metrics scrapes taken before and after the page
   ran (one polling interval), the roofline panel shows the recorded report; a screenshot is
   saved (TESSERA_DASHBOARD_SCREENSHOT, default BUILD/test-scratch/dashboard.png);
+- the per-deployment, per-arm and per-tier panels: every chart has a line with points for
+  each deployment (the drafter's acceptance for `spec`), arm and tier; their tables' counters
+  lie between the labelled /metrics samples (deployment=, router=/arm=, result=/tier=)
+  scraped around the page's run;
 - once the load stopped, /v1/stats and the rendered page equal /metrics exactly: counters,
   gauges, and window percentiles against Prometheus-style histogram_quantile over the
-  /metrics buckets (the window covers the server's whole life).
+  /metrics buckets (the window covers the server's whole life), per deployment and per arm
+  too.
 """
 import html.parser
 import http.client
@@ -40,7 +49,9 @@ if not CHROMIUM:
 KEY = "dash-test-key"
 CLIENTS = 16
 SERVER = None
-MODEL = None
+MODEL = "ab"  # the router: every request is routed, then looked up in the cache
+DEPLOYMENTS = ["chunked", "spec"]  # in config order, as the page lists them
+REDIS = None
 ROOFLINE = None
 SCREENSHOT = os.environ.get("TESSERA_DASHBOARD_SCREENSHOT",
                             os.path.join(h.BUILD_DIR, "test-scratch", "dashboard.png"))
@@ -49,6 +60,11 @@ SHARED_PREFIX = ("You are a careful assistant for a lighthouse museum. Answer vi
                  "history of the lighthouse, its keepers, the lens, the fog signal and the island's birds in "
                  "two or three plain sentences, and say so when you do not know.")
 CHARTS = ["requests", "queue", "ttft", "tpot", "itl", "throughput", "batch", "kv", "preemptions", "prefix"]
+# Breakdown charts and the lines each must draw (one per deployment, arm or tier).
+DEPLOYMENT_CHARTS = ["dep-queue", "dep-ttft", "dep-tpot", "dep-batch", "dep-kv", "dep-preemptions", "dep-prefix"]
+ARM_CHARTS = ["route-share", "arm-ttft", "arm-tpot"]
+# Requests repeated by every client (same parameters): the exact cache answers them.
+REPEATED = [f"Name one thing a lighthouse keeper did every evening, number {k}." for k in range(6)]
 
 
 def get(path, key=KEY, method="GET"):
@@ -83,13 +99,33 @@ def metrics():
     return parse_metrics(SERVER.metrics())
 
 
-def quantile_from_metrics(m, family, q):
-    """Prometheus histogram_quantile over the cumulative buckets of `family` in /metrics."""
+def labels_of(name):
+    """(family, {label: value}) of a parse_metrics key."""
+    if "{" not in name:
+        return name, {}
+    family, rest = name.split("{", 1)
+    return family, dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', rest))
+
+
+def labelled(m, family, **want):
+    """The sum of `family`'s samples whose labels include `want`."""
+    total = 0.0
+    for name, v in m.items():
+        f, labels = labels_of(name)
+        if f == family and all(labels.get(k) == w for k, w in want.items()):
+            total += v
+    return total
+
+
+def quantile_from_metrics(m, family, q, **want):
+    """Prometheus histogram_quantile over the cumulative buckets of `family` (with the labels
+    `want`) in /metrics."""
     buckets = []
     for name, v in m.items():
-        mm = re.fullmatch(re.escape(family) + r'_bucket\{le="([^"]+)"\}', name)
-        if mm:
-            buckets.append((math.inf if mm.group(1) == "+Inf" else float(mm.group(1)), v))
+        f, labels = labels_of(name)
+        le = labels.pop("le", None)
+        if f == family + "_bucket" and le is not None and labels == want:
+            buckets.append((math.inf if le == "+Inf" else float(le), v))
     buckets.sort()
     total = buckets[-1][1]
     if total == 0:
@@ -103,6 +139,29 @@ def quantile_from_metrics(m, family, q):
             return prev_bound + (bound - prev_bound) * (rank - prev_cum) / (cum - prev_cum)
         prev_bound, prev_cum = bound, cum
     return prev_bound
+
+
+def fraction_from_metrics(m, family, x, **want):
+    """The share of `family`'s observations at most x, interpolated in its /metrics buckets
+    (the +Inf bucket never counts)."""
+    buckets = []
+    for name, v in m.items():
+        f, labels = labels_of(name)
+        le = labels.pop("le", None)
+        if f == family + "_bucket" and le is not None and labels == want:
+            buckets.append((math.inf if le == "+Inf" else float(le), v))
+    buckets.sort()
+    total = buckets[-1][1]
+    within, prev_bound, prev_cum = 0.0, 0.0, 0.0
+    for bound, cum in buckets:
+        if math.isinf(bound):
+            break
+        if x >= bound:
+            within = cum
+        elif x > prev_bound:
+            within = prev_cum + (cum - prev_cum) * (x - prev_bound) / (bound - prev_bound)
+        prev_bound, prev_cum = bound, cum
+    return within / total
 
 
 # Counters of /v1/stats "current" and the /metrics sample each one reports.
@@ -151,10 +210,17 @@ class Load:
     def client(self, i):
         n = 0
         while not self.stop_event.is_set():
-            # A shared prefix (prefix-cache hits) and a per-request tail.
-            body = json.dumps({"model": MODEL, "prompt": SHARED_PREFIX + f" Client {i}, request {n}:",
-                               "max_tokens": 16 + (7 * i + 5 * n) % 33, "temperature": 0,
-                               "ignore_eos": True, "stream": True})
+            # A shared prefix (prefix-cache hits) and a per-request tail; every fourth request
+            # one of REPEATED, asked twice in a row: the first is a Redis hit once another
+            # client of the same arm asked it and the tiny in-process tier has evicted it, the
+            # second an in-process hit (just stored, or copied from Redis). The user picks the
+            # arm (ab-split is sticky per user).
+            if n % 4 >= 2:
+                prompt, max_tokens = REPEATED[(i + n // 4) % len(REPEATED)], 24
+            else:
+                prompt, max_tokens = SHARED_PREFIX + f" Client {i}, request {n}:", 16 + (7 * i + 5 * n) % 33
+            body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                               "ignore_eos": True, "stream": True, "user": f"user-{i}"})
             n += 1
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", SERVER.port, timeout=120)
@@ -197,7 +263,8 @@ class DomScan(html.parser.HTMLParser):
             self.body = a
         if "id" in a:
             self.by_id[a["id"]] = a
-        chart = next((s for s in reversed(self.stack) if s and s.startswith("chart-")), None)
+        # The chart's svg (its lines' groups are chart-ID:N).
+        chart = next((s for s in reversed(self.stack) if s and s.startswith("chart-") and ":" not in s), None)
         if chart and tag in ("path", "rect", "circle"):
             self.shapes[chart] = self.shapes.get(chart, 0) + 1
         if tag not in ("br", "img", "meta", "input", "link", "hr", "line", "rect", "circle", "path"):
@@ -208,10 +275,10 @@ class DomScan(html.parser.HTMLParser):
             self.stack.pop()
 
 
-def chromium(url, *mode, budget_ms=7000):
+def chromium(url, *mode, budget_ms=7000, height=1000):
     profile = tempfile.mkdtemp(prefix="tessera-chromium-")
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--no-first-run", "--hide-scrollbars", f"--user-data-dir={profile}", "--window-size=1400,1000",
+           "--no-first-run", "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size=1400,{height}",
            f"--virtual-time-budget={budget_ms}", *mode, url]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     shutil.rmtree(profile, ignore_errors=True)
@@ -219,7 +286,7 @@ def chromium(url, *mode, budget_ms=7000):
 
 
 def page_url(key=KEY):
-    return f"{SERVER.url}/dashboard?key={key}&window=60&interval=2&slo_ttft=0.5&slo_tpot=0.2"
+    return f"{SERVER.url}/dashboard?key={key}&window=60&interval=2&slo_queue=1&slo_ttft=0.5&slo_tpot=0.2"
 
 
 def render_page():
@@ -231,20 +298,37 @@ def render_page():
 
 
 def setUpModule():
-    global SERVER, MODEL, ROOFLINE
+    global SERVER, REDIS, ROOFLINE
     work = tempfile.mkdtemp(prefix="tessera-dashboard-")
     ROOFLINE = os.path.join(work, "roofline.json")
     r = subprocess.run([h.TESSERA, "bench", "roofline", "-c", os.path.join(h.SOURCE_DIR, "configs", "bench", "roofline.yaml"),
                         "--max-batch", "8", "--steps", "3", "--json", ROOFLINE], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    SERVER = h.Server(f"api_keys: [{KEY}]", name="dashboard", args=["--roofline-report", ROOFLINE]).start()
+    if shutil.which("redis-server") and shutil.which("redis-cli"):
+        REDIS = h.Redis().start()
+    # A tiny in-process budget (about two answers) in front of Redis: most repeats are
+    # answered by Redis, the latest ones from memory.
+    redis = (f', max_bytes: 4KiB, redis_url: "redis://127.0.0.1:{REDIS.port}"' if REDIS else ", max_bytes: 64KiB")
+    stack = f"extends: {h.DEFAULT_STACK}, engine: {{kv_cache: {{plugin: paged, memory: 64MiB}}"
+    SERVER = h.Gateway(f"""deployments:
+  chunked: {{{stack}}}}}
+  spec: {{{stack}, drafter: {{plugin: ngram, num_draft_tokens: 4, min_ngram: 1, max_ngram: 3, adaptive: false}}}}}}
+gateway:
+  cache: [{{plugin: exact, ttl: 10m{redis}}}]
+  router: {{plugin: ab-split, name: ab, arms: {{chunked: 50, spec: 50}}}}
+server: {{api_keys: [{KEY}], max_queued_requests: 256}}
+""", "dashboard")
+    SERVER.args = ["--roofline-report", ROOFLINE]
+    SERVER.start(timeout=240)
     status, body = get("/v1/models")
     assert status == 200, body
-    MODEL = json.loads(body)["data"][0]["id"]
+    assert {m["id"] for m in json.loads(body)["data"]} == set(DEPLOYMENTS) | {MODEL}, body
 
 
 def tearDownModule():
     rc = SERVER.stop()
+    if REDIS:
+        REDIS.kill()
     assert rc == 0, f"server exit status {rc}:\n" + "".join(SERVER.stderr_lines[-20:])
 
 
@@ -297,6 +381,7 @@ class Dashboard(unittest.TestCase):
             self.assertTrue(any(v is not None for v in series["ttft_p50"]))
             self.assertGreater(s["window"]["output_tokens_per_s"], 0)
             self.assertTrue(s["window"]["prefix_cache_hit_rate"] > 0)
+            self.check_breakdown_json(s, before, after, n)
 
             # The page, under the same load: each chart has points, headline counters within
             # the /metrics scrapes around the page's run (it polls every 2 s).
@@ -310,6 +395,9 @@ class Dashboard(unittest.TestCase):
                 self.assertGreater(int(svg["data-points"]), 0, chart)
                 self.assertGreater(scan.shapes.get("chart-" + chart, 0), 0, chart)
             self.assertIn("hidden", scan.by_id["panel-speculative"])
+            for latency in ("queue", "ttft", "tpot"):  # the targets page_url asks for
+                self.assertTrue(0 <= float(scan.by_id["within-" + latency]["data-value"]) <= 1, latency)
+            self.assertNotIn("within-itl", scan.by_id)
             for tile, name in [("tile-finished", "tessera_engine_finished_sequences_total"),
                                ("tile-generated", "tessera_generation_tokens_total"),
                                ("tile-steps", "tessera_engine_steps_total"),
@@ -318,6 +406,7 @@ class Dashboard(unittest.TestCase):
                 self.assertLessEqual(before[name], v, tile)
                 self.assertLessEqual(v, after[name], tile)
             self.assertGreater(float(scan.by_id["tile-generated"]["data-value"]), 0)
+            self.check_breakdown_page(scan, before, after)
             report = json.load(open(ROOFLINE))
             self.assertEqual(float(scan.by_id["value-roofline"]["data-value"]), report["knee_batch"])
             self.assertEqual(int(scan.by_id["chart-roofline"]["data-points"]), 2 * len(report["points"]))
@@ -325,7 +414,8 @@ class Dashboard(unittest.TestCase):
             os.makedirs(os.path.dirname(SCREENSHOT), exist_ok=True)
             if os.path.exists(SCREENSHOT):
                 os.remove(SCREENSHOT)
-            r = chromium(page_url(), f"--screenshot={SCREENSHOT}", budget_ms=9000)
+            # Tall enough for the breakdowns below the headline panels.
+            r = chromium(page_url(), f"--screenshot={SCREENSHOT}", budget_ms=9000, height=2250)
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             with open(SCREENSHOT, "rb") as f:
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
@@ -334,6 +424,91 @@ class Dashboard(unittest.TestCase):
         finally:
             load.stop()
         self.assertEqual(load.errors, [])
+
+    def check_breakdown_json(self, s, before, after, n):
+        """/v1/stats per deployment, arm and tier under load: labelled counters between two
+        /metrics scrapes, series columns as long as the top-level ones."""
+        self.assertEqual([d["name"] for d in s["deployments"]], DEPLOYMENTS)
+        self.assertEqual([d["drafter"] for d in s["deployments"]], [None, "ngram"])
+        for d in s["deployments"]:
+            lab = {"deployment": d["name"]}
+            for path, family in [(("engine", "steps_total"), "tessera_deployment_engine_steps_total"),
+                                 (("engine", "preemptions_total"), "tessera_deployment_engine_preemptions_total"),
+                                 (("prefix_cache", "hit_tokens_total"), "tessera_deployment_prefix_cache_hit_tokens_total"),
+                                 (("latency", "ttft_seconds", "count"),
+                                  "tessera_deployment_time_to_first_token_seconds_count")]:
+                v = dig(d["current"], path)
+                self.assertLessEqual(labelled(before, family, **lab), v, (d["name"], family))
+                self.assertLessEqual(v, labelled(after, family, **lab), (d["name"], family))
+            self.assertGreater(d["current"]["latency"]["ttft_seconds"]["count"], 0, d["name"])
+            self.assertEqual(d["current"]["kv"]["blocks_total"], labelled(after, "tessera_deployment_kv_blocks_total", **lab))
+            columns = s["deployment_series"][d["name"]]
+            for key, column in columns.items():
+                self.assertEqual(len(column), n, (d["name"], key))
+        spec = s["deployments"][1]["current"]["speculative"]
+        self.assertGreater(spec["draft_tokens_total"], 0)
+        self.assertNotIn("speculative", s["deployments"][0]["current"])
+        [router] = s["routers"]
+        self.assertEqual(router["name"], "ab")
+        self.assertEqual(sorted(a["name"] for a in router["arms"]), sorted(DEPLOYMENTS))
+        for a in router["arms"]:
+            family = "tessera_router_requests_total"
+            self.assertLessEqual(labelled(before, family, router="ab", arm=a["name"]), a["requests_total"])
+            self.assertLessEqual(a["requests_total"], labelled(after, family, router="ab", arm=a["name"]))
+            self.assertGreater(a["requests_total"], 0, a["name"])
+            for key, column in s["router_series"]["ab"][a["name"]].items():
+                self.assertEqual(len(column), n, (a["name"], key))
+        tiers = sorted(s["cache"]["tiers"])
+        self.assertEqual(tiers, ["memory", "redis"] if REDIS else ["memory"])
+        for t in tiers:
+            v = s["cache"]["tiers"][t]["hits_total"]
+            family = "tessera_cache_requests_total"
+            self.assertLessEqual(labelled(before, family, result="hit", tier=t), v, t)
+            self.assertLessEqual(v, labelled(after, family, result="hit", tier=t), t)
+            self.assertGreater(v, 0, t)
+        self.assertEqual(sorted(s["cache_series"]["tiers"]), tiers)
+
+    def check_breakdown_page(self, scan, before, after):
+        """The rendered page's per-deployment, per-arm and per-tier charts and tables."""
+        tiers = ["memory", "redis"] if REDIS else ["memory"]
+        lines = {c: len(DEPLOYMENTS) for c in DEPLOYMENT_CHARTS}
+        lines.update({c: len(DEPLOYMENTS) for c in ARM_CHARTS})
+        lines.update({"dep-spec": 1, "cache-tiers": len(tiers) + 1, "cache-rate": 2})
+        for chart, n in lines.items():
+            self.assertNotIn("hidden", scan.by_id["panel-" + chart], chart)
+            self.assertGreater(int(scan.by_id["chart-" + chart]["data-points"]), 0, chart)
+            for i in range(n):
+                g = scan.by_id.get(f"chart-{chart}:{i}")
+                self.assertIsNotNone(g, f"{chart}: line {i} is missing")
+                self.assertGreater(int(g["data-points"]), 0, f"{chart}: line {i} ({g['data-series']})")
+            self.assertNotIn(f"chart-{chart}:{n}", scan.by_id, f"{chart}: more than {n} lines")
+        self.assertEqual(scan.by_id["chart-dep-spec:0"]["data-series"], "spec (ngram)")
+
+        def between(el, family, **lab):
+            v = float(scan.by_id[el]["data-value"])
+            self.assertLessEqual(labelled(before, family, **lab), v, el)
+            self.assertLessEqual(v, labelled(after, family, **lab), el)
+            return v
+
+        for i, name in enumerate(DEPLOYMENTS):
+            self.assertEqual(scan.by_id[f"dep-{i}"]["data-name"], name)
+            self.assertGreater(between(f"dep-{i}-served", "tessera_deployment_time_to_first_token_seconds_count",
+                                       deployment=name), 0)
+            between(f"dep-{i}-preemptions", "tessera_deployment_engine_preemptions_total", deployment=name)
+            between(f"dep-{i}-cache-hits", "tessera_cache_requests_total", deployment=name, result="hit")
+            self.assertEqual(float(scan.by_id[f"dep-{i}-kv-total"]["data-value"]),
+                             labelled(after, "tessera_deployment_kv_blocks_total", deployment=name))
+        self.assertEqual(scan.by_id["dep-1-drafter"]["data-value"], "ngram")
+        self.assertGreater(float(scan.by_id["dep-1-acceptance"]["data-value"]), 0)
+        self.assertEqual(scan.by_id["dep-0-acceptance"]["data-value"], "")
+        arms = [scan.by_id[f"arm-{j}"]["data-name"] for j in range(len(DEPLOYMENTS))]
+        self.assertEqual(sorted(arms), sorted("ab=" + d for d in DEPLOYMENTS))
+        for j, name in enumerate(arms):
+            self.assertGreater(between(f"arm-{j}-requests", "tessera_router_requests_total", router="ab",
+                                       arm=name.split("=", 1)[1]), 0)
+        for k, t in enumerate(tiers):
+            self.assertEqual(scan.by_id[f"tier-{k}"]["data-name"], t)
+            self.assertGreater(between(f"tier-{k}-hits", "tessera_cache_requests_total", result="hit", tier=t), 0)
 
     def test_3_idle_stats_and_page_equal_metrics(self):
         self.assertTrue(SERVER.wait_for_metric("tessera_requests_in_flight", 0, timeout=120))
@@ -355,6 +530,42 @@ class Dashboard(unittest.TestCase):
         # The newest series point shows the idle engine.
         self.assertEqual(s["series"]["running"][-1], 0)
         self.assertEqual(s["series"]["kv_blocks_used"][-1], m["tessera_kv_blocks_used"])
+        # Per deployment and per arm: the labelled families.
+        for d in s["deployments"]:
+            lab = {"deployment": d["name"]}
+            for key, family in [("queue_time_seconds", "tessera_deployment_queue_time_seconds"),
+                                ("ttft_seconds", "tessera_deployment_time_to_first_token_seconds"),
+                                ("tpot_seconds", "tessera_deployment_time_per_output_token_seconds")]:
+                self.assertEqual(d["window"]["latency"][key]["count"], labelled(m, family + "_count", **lab))
+                for qn, q in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99)]:
+                    self.assertAlmostEqual(d["window"]["latency"][key][qn], quantile_from_metrics(m, family, q, **lab),
+                                           places=9, msg=(d["name"], key, qn))
+            for path, family in [(("engine", "steps_total"), "tessera_deployment_engine_steps_total"),
+                                 (("engine", "preemptions_total"), "tessera_deployment_engine_preemptions_total"),
+                                 (("kv", "blocks_used"), "tessera_deployment_kv_blocks_used"),
+                                 (("kv", "blocks_cached"), "tessera_deployment_kv_blocks_cached"),
+                                 (("prefix_cache", "query_tokens_total"),
+                                  "tessera_deployment_prefix_cache_query_tokens_total")]:
+                self.assertEqual(dig(d["current"], path), labelled(m, family, **lab), (d["name"], family))
+            self.assertEqual(d["cache"]["hits_total"], labelled(m, "tessera_cache_requests_total", result="hit", **lab))
+        spec = s["deployments"][1]["current"]["speculative"]
+        self.assertAlmostEqual(spec["acceptance_rate"],
+                               labelled(m, "tessera_deployment_spec_decode_num_accepted_tokens_total", deployment="spec") /
+                               labelled(m, "tessera_deployment_spec_decode_num_draft_tokens_total", deployment="spec"),
+                               places=12)
+        total = labelled(m, "tessera_router_requests_total", router="ab")
+        for a in s["routers"][0]["arms"]:
+            lab = {"router": "ab", "arm": a["name"]}
+            self.assertEqual(a["requests_total"], labelled(m, "tessera_router_requests_total", **lab))
+            self.assertAlmostEqual(a["window"]["share"], a["requests_total"] / total, places=12)
+            for qn, q in [("p50", 0.5), ("p90", 0.9)]:
+                self.assertAlmostEqual(a["window"]["latency"]["ttft_seconds"][qn],
+                                       quantile_from_metrics(m, "tessera_router_time_to_first_token_seconds", q, **lab),
+                                       places=9, msg=(a["name"], qn))
+        self.assertEqual(s["cache"]["lookups_total"], labelled(m, "tessera_cache_requests_total"))
+        self.assertEqual(s["cache"]["misses_total"], labelled(m, "tessera_cache_requests_total", result="miss"))
+        for t, v in s["cache"]["tiers"].items():
+            self.assertEqual(v["hits_total"], labelled(m, "tessera_cache_requests_total", result="hit", tier=t))
 
         # The page's headline values are the same numbers (the 15-minute window).
         r = chromium(f"{SERVER.url}/dashboard?key={KEY}&window=900&slo_ttft=0.75", "--dump-dom")
@@ -363,7 +574,21 @@ class Dashboard(unittest.TestCase):
         scan.feed(r.stdout)
         self.assertEqual(float(scan.by_id["slo-ttft"]["data-value"]), 0.75)  # the target line asked for
         self.assertNotIn("slo-tpot", scan.by_id)
+        self.assertNotIn("within-tpot", scan.by_id)
         m = metrics()
+        # Against the standard: the share of sequences within the target, from the same buckets.
+        self.assertAlmostEqual(float(scan.by_id["within-ttft"]["data-value"]),
+                               fraction_from_metrics(m, "tessera_time_to_first_token_seconds", 0.75), places=9)
+        status, body = get("/v1/stats?window=900&slo_queue=0.3&slo_ttft=0.75")
+        self.assertEqual(status, 200, body)
+        j = json.loads(body)
+        self.assertEqual(j["window"]["latency"]["ttft_seconds"]["within_target"]["target"], 0.75)
+        self.assertNotIn("within_target", j["window"]["latency"]["tpot_seconds"])
+        for i, name in enumerate(DEPLOYMENTS):
+            self.assertAlmostEqual(j["deployments"][i]["window"]["latency"]["queue_time_seconds"]["within_target"]["fraction"],
+                                   fraction_from_metrics(m, "tessera_deployment_queue_time_seconds", 0.3, deployment=name),
+                                   places=9, msg=name)
+        self.assertEqual(get("/v1/stats?slo_ttft=-1")[0], 400)
         for el, want in [("value-ttft", quantile_from_metrics(m, "tessera_time_to_first_token_seconds", 0.5)),
                          ("value-tpot", quantile_from_metrics(m, "tessera_time_per_output_token_seconds", 0.5)),
                          ("value-itl", quantile_from_metrics(m, "tessera_inter_token_latency_seconds", 0.5)),
@@ -374,6 +599,33 @@ class Dashboard(unittest.TestCase):
                          ("tile-generated", m["tessera_generation_tokens_total"]),
                          ("tile-finished", m["tessera_engine_finished_sequences_total"])]:
             self.assertAlmostEqual(float(scan.by_id[el]["data-value"]), want, places=9, msg=el)
+        # The breakdown tables: per deployment, per arm, per tier.
+        for i, name in enumerate(DEPLOYMENTS):
+            lab = {"deployment": name}
+            for el, family, q in [("ttft-p50", "tessera_deployment_time_to_first_token_seconds", 0.5),
+                                  ("ttft-p90", "tessera_deployment_time_to_first_token_seconds", 0.9),
+                                  ("tpot-p50", "tessera_deployment_time_per_output_token_seconds", 0.5),
+                                  ("queue-p90", "tessera_deployment_queue_time_seconds", 0.9)]:
+                self.assertAlmostEqual(float(scan.by_id[f"dep-{i}-{el}"]["data-value"]),
+                                       quantile_from_metrics(m, family, q, **lab), places=9, msg=(name, el))
+            self.assertEqual(float(scan.by_id[f"dep-{i}-kv-used"]["data-value"]),
+                             labelled(m, "tessera_deployment_kv_blocks_used", **lab))
+        self.assertAlmostEqual(float(scan.by_id["dep-1-acceptance"]["data-value"]),
+                               labelled(m, "tessera_deployment_spec_decode_num_accepted_tokens_total", deployment="spec") /
+                               labelled(m, "tessera_deployment_spec_decode_num_draft_tokens_total", deployment="spec"),
+                               places=9)
+        for j in range(len(DEPLOYMENTS)):
+            arm = scan.by_id[f"arm-{j}"]["data-name"].split("=", 1)[1]
+            lab = {"router": "ab", "arm": arm}
+            self.assertEqual(float(scan.by_id[f"arm-{j}-requests"]["data-value"]),
+                             labelled(m, "tessera_router_requests_total", **lab))
+            self.assertAlmostEqual(float(scan.by_id[f"arm-{j}-ttft-p50"]["data-value"]),
+                                   quantile_from_metrics(m, "tessera_router_time_to_first_token_seconds", 0.5, **lab),
+                                   places=9, msg=arm)
+        for k in range(len(s["cache"]["tiers"])):
+            t = scan.by_id[f"tier-{k}"]["data-name"]
+            self.assertEqual(float(scan.by_id[f"tier-{k}-hits"]["data-value"]),
+                             labelled(m, "tessera_cache_requests_total", result="hit", tier=t))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 // The /v1/stats helpers: histogram quantiles (Prometheus histogram_quantile's interpolation
-// over bucket deltas) and query parameters.
+// over bucket deltas), query parameters, and what a sample takes from ServerMetrics.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -57,4 +57,57 @@ TEST_CASE("query_param finds, decodes and misses parameters") {
   CHECK(query_param("/dashboard?keyx=1&key=2", "key") == "2");
   CHECK(query_param("/dashboard?key", "key").empty());
   CHECK(query_param("/dashboard?key=%zz%4", "key") == "%zz%4");  // malformed escapes stay as they are
+}
+
+TEST_CASE("a stats sample carries each deployment's, arm's and cache tier's numbers from ServerMetrics") {
+  using tessera::EngineStats;
+  using tessera::RequestTimings;
+  tessera::server::ServerMetrics m;
+  RequestTimings t;
+  t.arrival = 0;
+  t.first_scheduled = 0.02;
+  t.first_token = 0.3;
+  t.token_times = {0.3, 0.4, 0.5};
+  t.finished = 0.5;
+  m.observe_deployment("b", t);
+  m.count_route("ab", "b");
+  m.count_route("ab", "b");
+  m.count_route("ab", "a");
+  m.observe_arm("ab", "b", t);
+  m.count_cache("a", "hit", "redis");
+  m.count_cache("a", "miss", "");
+  EngineStats ea, eb;
+  ea.num_steps = 7;
+  eb.num_steps = 11;
+  const auto s = tessera::server::take_stats_sample(m, {"a", "b"}, {ea, eb}, 42);
+  CHECK(s.time == 42);
+  CHECK(s.engine.num_steps == 7);  // the first deployment's, as the unlabelled families
+  REQUIRE(s.deployments.size() == 2);
+  CHECK(s.deployments[0].engine.num_steps == 7);
+  CHECK(s.deployments[1].engine.num_steps == 11);
+  CHECK(s.deployments[0].ttft.count == 0);  // "a" served nothing from the model
+  CHECK(s.deployments[1].ttft.count == 1);
+  CHECK(s.deployments[1].queue_time.sum == doctest::Approx(0.02));
+  CHECK(s.deployments[1].tpot.sum == doctest::Approx(0.1));
+  REQUIRE(s.arms.size() == 2);
+  CHECK(s.arms.at({"ab", "b"}).requests == 2);
+  CHECK(s.arms.at({"ab", "b"}).ttft.count == 1);
+  CHECK(s.arms.at({"ab", "a"}).requests == 1);
+  CHECK(s.arms.at({"ab", "a"}).ttft.count == 0);
+  CHECK(s.cache.at({"a", "hit", "redis"}) == 1);
+  CHECK(s.cache.at({"a", "miss", ""}) == 1);
+}
+
+TEST_CASE("histogram_fraction_at_most is histogram_quantile's inverse inside the buckets") {
+  using tessera::server::histogram_fraction_at_most;
+  const HistogramSnapshot h = hist({2, 2, 0, 0});
+  CHECK(histogram_fraction_at_most(1.0, kBounds, h, nullptr) == doctest::Approx(0.5));
+  CHECK(histogram_fraction_at_most(1.5, kBounds, h, nullptr) == doctest::Approx(0.75));
+  CHECK(histogram_fraction_at_most(0.2, kBounds, h, nullptr) == doctest::Approx(0.1));
+  CHECK(histogram_fraction_at_most(9.0, kBounds, h, nullptr) == doctest::Approx(1.0));
+  // The +Inf bucket is never within a target; a window counts only its deltas.
+  CHECK(histogram_fraction_at_most(9.0, kBounds, hist({1, 0, 0, 1}), nullptr) == doctest::Approx(0.5));
+  const HistogramSnapshot earlier = hist({2, 0, 0, 0});
+  CHECK(histogram_fraction_at_most(1.0, kBounds, h, &earlier) == doctest::Approx(0.0));
+  CHECK(std::isnan(histogram_fraction_at_most(1.0, kBounds, earlier, &earlier)));
 }

@@ -97,6 +97,21 @@ void ServerMetrics::render_deployment_engines(const std::vector<std::pair<std::s
        [](const EngineStats& e) { return static_cast<double>(e.kv.num_used_blocks); }},
       {"tessera_deployment_kv_blocks_total", "gauge", "KV blocks in the pool, by deployment.",
        [](const EngineStats& e) { return static_cast<double>(e.kv.num_blocks); }},
+      {"tessera_deployment_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.kv.num_cached_blocks); }},
+      {"tessera_deployment_engine_batch_size", "gauge", "Sequences in the last engine step, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.last_batch_size); }},
+      {"tessera_deployment_engine_preemptions_total", "counter", "Sequences preempted for lack of KV blocks, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.num_preemptions); }},
+      {"tessera_deployment_prefix_cache_query_tokens_total", "counter",
+       "Prompt tokens looked up in the prefix cache, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.kv.prefix_query_tokens); }},
+      {"tessera_deployment_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.kv.prefix_hit_tokens); }},
+      {"tessera_deployment_spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.num_draft_tokens); }},
+      {"tessera_deployment_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted, by deployment.",
+       [](const EngineStats& e) { return static_cast<double>(e.num_accepted_draft_tokens); }},
   };
   for (const Gauge& g : kGauges) {
     header(out, g.name, g.type, g.help);

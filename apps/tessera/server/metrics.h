@@ -72,6 +72,17 @@ class ServerMetrics {
   uint64_t rejected_full_queue() const { return rejected_full_queue_; }
   uint64_t cancelled_by_client() const { return cancelled_by_client_; }
 
+  struct Latencies {
+    Latencies();
+    Histogram queue_time, ttft, tpot;
+  };
+  const std::map<std::string, Latencies>& deployment_latencies() const { return by_deployment_; }
+  const std::map<std::pair<std::string, std::string>, Latencies>& arm_latencies() const { return by_arm_; }
+  const std::map<std::pair<std::string, std::string>, uint64_t>& routed() const { return routed_; }
+  const std::map<std::tuple<std::string, std::string, std::string>, uint64_t>& cache_requests() const {
+    return cache_;
+  }
+
  private:
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   Histogram queue_time_, ttft_, tpot_, itl_, e2e_, output_tokens_;
@@ -80,14 +91,6 @@ class ServerMetrics {
   int64_t in_flight_ = 0;
   uint64_t rejected_full_queue_ = 0;
   uint64_t cancelled_by_client_ = 0;
-
- public:
-  struct Latencies {
-    Latencies();
-    Histogram queue_time, ttft, tpot;
-  };
-
- private:
   std::map<std::string, Latencies> by_deployment_;
   std::map<std::pair<std::string, std::string>, Latencies> by_arm_;      // (router, arm)
   std::map<std::pair<std::string, std::string>, uint64_t> routed_;       // (router, arm)

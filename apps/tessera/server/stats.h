@@ -1,7 +1,8 @@
 // `GET /v1/stats`: the numbers /metrics reports, as JSON, plus a bounded history of them.
 //
-// A StatsRecorder samples ServerMetrics and Engine::stats() (the two objects /metrics renders
-// from) once per interval into a fixed ring (default 900 one-second samples: 15 minutes).
+// A StatsRecorder samples ServerMetrics and every deployment's Engine::stats() (the objects
+// /metrics renders from) once per interval into a fixed ring (default 900 one-second samples:
+// 15 minutes).
 // A stats request renders the live values ("current"), a summary over the requested window
 // ("window": rates, percentiles from histogram bucket deltas, the way Prometheus'
 // histogram_quantile computes them) and the window's time series ("series", at most
@@ -16,7 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 #include <string_view>
 #include <vector>
 
@@ -32,10 +35,27 @@ struct HistogramSnapshot {
   uint64_t count = 0;
 };
 
+// One deployment's part of a sample: its engine and the gateway's histograms labelled
+// deployment= (model-served sequences only).
+struct DeploymentSample {
+  EngineStats engine;
+  HistogramSnapshot queue_time, ttft, tpot;
+};
+
+// One router arm's part: requests routed to it, and its model-served latencies.
+struct ArmSample {
+  uint64_t requests = 0;
+  HistogramSnapshot ttft, tpot;
+};
+
 // Everything one stats sample holds, read from the objects /metrics renders.
 struct StatsSample {
   double time = 0;  // unix seconds
-  EngineStats engine;
+  EngineStats engine;  // the first (default) deployment's, as the unlabelled /metrics families
+  std::vector<DeploymentSample> deployments;  // in StatsRecorder's deployment order
+  std::map<std::pair<std::string, std::string>, ArmSample> arms;  // (router, arm)
+  // Cache-chain lookups (deployment, result, tier): tessera_cache_requests_total.
+  std::map<std::tuple<std::string, std::string, std::string>, uint64_t> cache;
   int64_t in_flight = 0;
   uint64_t prompt_tokens = 0;
   uint64_t generation_tokens = 0;
@@ -44,7 +64,17 @@ struct StatsSample {
   HistogramSnapshot queue_time, ttft, tpot, itl, e2e;
 };
 
-StatsSample take_stats_sample(const ServerMetrics& metrics, const EngineStats& engine, double unix_time);
+// A deployment the recorder follows: its served name, its engine, and its drafter plugin
+// (empty: none), which names its speculative-acceptance line.
+struct StatsDeployment {
+  std::string name;
+  const Engine* engine = nullptr;
+  std::string drafter;
+};
+
+// `engines` in the order of the deployments (the first is the default one).
+StatsSample take_stats_sample(const ServerMetrics& metrics, const std::vector<std::string>& deployments,
+                              const std::vector<EngineStats>& engines, double unix_time);
 
 // The q-quantile (0 < q <= 1) of the observations between `earlier` and `later` (earlier may
 // be null: since start), interpolated linearly inside the bucket that holds it, as
@@ -52,6 +82,20 @@ StatsSample take_stats_sample(const ServerMetrics& metrics, const EngineStats& e
 // in the +Inf bucket returns the largest finite bound. NaN when nothing was observed.
 double histogram_quantile(double q, const std::vector<double>& bounds, const HistogramSnapshot& later,
                           const HistogramSnapshot* earlier);
+
+// The fraction (0..1) of the observations between `earlier` and `later` at most `x`,
+// interpolated linearly inside the bucket holding x as histogram_quantile is (its inverse);
+// NaN when nothing was observed. x past the largest bound counts every finite bucket only.
+double histogram_fraction_at_most(double x, const std::vector<double>& bounds, const HistogramSnapshot& later,
+                                  const HistogramSnapshot* earlier);
+
+// What a /v1/stats request asks for: the window, the roofline, and latency targets (by
+// histogram name, e.g. "queue_time_seconds"; seconds) to report the share within.
+struct StatsQuery {
+  double window_s = 0;  // clamped to [interval, capacity x interval]; NaN/inf: all kept
+  bool roofline = false;
+  std::map<std::string, double> targets;
+};
 
 struct StatsOptions {
   double interval_s = 1;         // sampling period
@@ -63,26 +107,28 @@ class StatsRecorder {
  public:
   static constexpr int kMaxPoints = 180;  // per series, whatever the window
 
-  StatsRecorder(boost::asio::any_io_executor executor, const Engine& engine, const ServerMetrics& metrics,
-                std::string model_id, StatsOptions options);
+  // `deployments` must not be empty; the first is the default (its name is `model`).
+  StatsRecorder(boost::asio::any_io_executor executor, std::vector<StatsDeployment> deployments,
+                const ServerMetrics& metrics, StatsOptions options);
   // Takes the first sample now and one every interval until stop().
   void start();
   void stop();
   void sample_now();
 
-  // The /v1/stats body. `window_s` is clamped to [interval, capacity x interval].
-  std::string render(double window_s, bool include_roofline) const;
-  // Answers `GET /v1/stats[?window=SECONDS][&roofline=1]`.
+  // The /v1/stats body.
+  std::string render(const StatsQuery& query) const;
+  // Answers `GET /v1/stats[?window=SECONDS][&roofline=1][&slo_queue=S&slo_ttft=S&slo_tpot=S&slo_itl=S]`.
   HttpResponse respond(std::string_view target) const;
 
  private:
   void schedule();
   const StatsSample& at(size_t i) const;  // 0 = oldest kept
+  StatsSample take() const;
   nlohmann::json roofline() const;
 
-  const Engine& engine_;
+  std::vector<StatsDeployment> deployments_;
+  std::vector<std::string> names_;
   const ServerMetrics& metrics_;
-  std::string model_id_;
   StatsOptions options_;
   double started_ = 0;
   boost::asio::steady_timer timer_;
