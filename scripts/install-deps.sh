@@ -8,7 +8,7 @@ packages=(
   libboost-dev libboost-filesystem-dev libboost-system-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libssl-dev
   protobuf-compiler libprotobuf-dev
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server libhnswlib-dev
   python3 python3-pip
   chromium
 )

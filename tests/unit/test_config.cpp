@@ -442,7 +442,7 @@ server: {host: localhost, prot: 80}
   INFO(dump(issues));
   const std::string f = file.string();
   CHECK(has_issue(issues, f + ":2:1: unknown key 'engin'; did you mean 'engine'? expected one "
-                              "of: extends, plugin_paths, model, engine, deployments, gateway, server"));
+                              "of: extends, plugin_paths, model, engine, deployments, gateway, embedding, server"));
   CHECK(has_issue(issues, f + ":1:18: model: unknown key 'thread'; did you mean 'threads'? "
                               "expected one of: path, name, threads, context_length"));
   CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
