@@ -9,6 +9,7 @@ packages=(
   libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libssl-dev
   protobuf-compiler libprotobuf-dev
   libhiredis-dev redis-server libhnswlib-dev
+  wordnet-base
   python3 python3-pip
   chromium
 )

@@ -77,6 +77,16 @@ class Redis:
         out = self.cli("--scan", "--pattern", "tessera:exact:*")
         return [k for k in out.splitlines() if k]
 
+    def wait_for_new_key(self, before, timeout=10):
+        """Until a key not in `before` (a set of keys) exists. Counting keys instead would race
+        with the TTL: on a loaded machine earlier entries expire while one request runs."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if set(self.keys()) - before:
+                return True
+            time.sleep(0.05)
+        return False
+
     def wait_for_keys(self, n, timeout=10):
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -212,12 +222,12 @@ class OpenAiClient(unittest.TestCase):
     def test_a_cache_hit_returns_the_original_text_and_says_it_was_cached(self):
         messages = [{"role": "user", "content": unique("Say something about the sea")}]
         c = client(A)
-        before = len(REDIS.keys())
+        before = set(REDIS.keys())
         first = c.chat.completions.with_raw_response.create(model="continuous", messages=messages, max_tokens=16,
                                                             temperature=0)
         self.assertEqual(first.headers["x-tessera-cache"], "miss")
         original = first.parse().choices[0].message.content
-        self.assertTrue(REDIS.wait_for_keys(before + 1))  # stored (the in-process tier first)
+        self.assertTrue(REDIS.wait_for_new_key(before))  # stored (the in-process tier first)
         second = c.chat.completions.with_raw_response.create(model="continuous", messages=messages, max_tokens=16,
                                                              temperature=0)
         self.assertEqual(second.headers["x-tessera-cache"], "hit; layer=exact; tier=memory; similarity=1.0000")
@@ -244,11 +254,11 @@ class OpenAiClient(unittest.TestCase):
         text = complete(A, prompt, model="chunked", max_tokens=24).json()["choices"][0]["text"]
         self.assertGreaterEqual(len(text), 8, text)
         stop = text[len(text) // 2:len(text) // 2 + 4]
-        before = len(REDIS.keys())
+        before = set(REDIS.keys())
         first = complete(A, prompt, model="chunked", max_tokens=24, stop=[stop]).json()
         self.assertEqual(first["choices"][0]["finish_reason"], "stop")
         self.assertEqual(first["choices"][0]["text"].find(stop), -1)
-        self.assertTrue(REDIS.wait_for_keys(before + 1))
+        self.assertTrue(REDIS.wait_for_new_key(before))
         hit = complete(A, prompt, model="chunked", max_tokens=24, stop=[stop])
         self.assertTrue(hit.headers["x-tessera-cache"].startswith("hit"), hit.headers.get("x-tessera-cache"))
         self.assertEqual(hit.json()["choices"][0]["text"], first["choices"][0]["text"])
@@ -262,9 +272,9 @@ class OpenAiClient(unittest.TestCase):
         self.assertEqual(r2.headers["x-tessera-cache"], "miss")
         self.assertGreaterEqual(metric_value(A, "tessera_cache_layer_skipped_total", {"layer": "exact"}), 2)
         # With a seed the output is reproducible, so it is cached.
-        before = len(REDIS.keys())
+        before = set(REDIS.keys())
         s1 = complete(A, prompt, temperature=1.0, seed=42)
-        self.assertTrue(REDIS.wait_for_keys(before + 1))
+        self.assertTrue(REDIS.wait_for_new_key(before))
         s2 = complete(A, prompt, temperature=1.0, seed=42)
         self.assertEqual(s2.headers["x-tessera-cache"], "hit; layer=exact; tier=memory; similarity=1.0000")
         self.assertEqual(s1.json()["choices"][0]["text"], s2.json()["choices"][0]["text"])
@@ -273,10 +283,10 @@ class OpenAiClient(unittest.TestCase):
 class SharedTier(unittest.TestCase):
     def test_stored_through_one_gateway_is_a_hit_in_the_other_and_ttl_is_honoured(self):
         prompt = unique("The history of bridges")
-        before = len(REDIS.keys())
+        before = set(REDIS.keys())
         original = complete(A, prompt)
         self.assertEqual(original.headers["x-tessera-cache"], "miss")
-        self.assertTrue(REDIS.wait_for_keys(before + 1))
+        self.assertTrue(REDIS.wait_for_new_key(before))
         hit = complete(B, prompt)
         self.assertEqual(hit.headers["x-tessera-cache"], "hit; layer=exact; tier=redis; similarity=1.0000")
         self.assertEqual(hit.json()["choices"][0]["text"], original.json()["choices"][0]["text"])
