@@ -8,7 +8,8 @@
   non-reproducible request or an unrelated prompt is not; hits by tier and similarity
   bucket in /metrics;
 - its Redis tier (a real redis-server, as test_gateway.py starts it): an answer stored through
-  one gateway process is a semantic hit (tier=redis) in another.
+  one gateway process is a semantic hit (tier=redis) in another; Redis killed -> requests
+  still served, errors counted; restarted -> sharing resumes.
 """
 import base64
 import json
@@ -195,7 +196,8 @@ engine: {{kv_cache: {{plugin: paged, memory: 64MiB}}}}
 embedding: {{model: {{path: {MODEL}, threads: 1}}}}
 gateway:
   cache:
-    - {{plugin: semantic, threshold: {THRESHOLD}, ttl: 1h, redis_url: "redis://127.0.0.1:{cls.redis.port}"}}
+    - {{plugin: semantic, threshold: {THRESHOLD}, ttl: 1h, redis_url: "redis://127.0.0.1:{cls.redis.port}",
+       redis_timeout: 200ms, redis_backoff_max: 300ms}}
 """
         cls.a = cls.b = None
         try:
@@ -239,6 +241,32 @@ gateway:
                          first.json()["choices"][0]["message"]["content"])
         again = self.post(self.b, "What planet is called the red planet?")
         self.assertTrue(again.headers["x-tessera-cache"].startswith("hit; layer=semantic; tier=memory"))
+
+    def test_redis_down_then_back(self):
+        def errors(server):
+            for line in server.metrics().splitlines():
+                if line.startswith('tessera_cache_redis_errors_total{layer="semantic"}'):
+                    return float(line.rsplit(" ", 1)[1])
+            return 0.0
+
+        before = errors(self.a)
+        self.redis.kill()
+        try:
+            for g in (self.a, self.b):  # both replicas keep serving (and notice the outage)
+                r = self.post(g, "How far away is the Moon from the Earth?")
+                self.assertEqual(r.headers["x-tessera-cache"], "miss")  # served by the model
+            self.assertGreater(errors(self.a), before)
+        finally:
+            self.redis.start()  # same port, empty
+        import time
+        time.sleep(0.5)  # past redis_backoff_max
+        self.post(self.a, "Who painted the Mona Lisa?")
+        deadline = time.time() + 10
+        while time.time() < deadline and not self.redis.cli("--scan", "--pattern", "tessera:semantic:*").split():
+            time.sleep(0.05)
+        hit = self.post(self.b, "Who was the painter of the Mona Lisa?")
+        self.assertTrue(hit.headers["x-tessera-cache"].startswith("hit; layer=semantic; tier=redis"),
+                        hit.headers["x-tessera-cache"])
 
 
 if __name__ == "__main__":
