@@ -9,6 +9,8 @@ packages=(
   libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libssl-dev
   protobuf-compiler libprotobuf-dev
   libhiredis-dev redis-server  # the exact cache's Redis tier; the gateway and dashboard tests start one
+  libhnswlib-dev  # cache_layer.semantic's HNSW index
+  wordnet-base  # the semantic-cache bench's paraphrase pairs (bench/make_paraphrase_pairs.py)
   python3 python3-pip
   chromium                     # headless, for the /dashboard test (tests/integration/test_server_dashboard.py)
 )

@@ -19,6 +19,7 @@
 #include "server/openai_service.h"
 #include "server/stats.h"
 #include "stack_loader.h"
+#include "tessera/embedding/encoder_model.h"
 
 namespace tessera::cli {
 namespace {
@@ -62,9 +63,11 @@ void run_serve(const ServeOptions& opt) {
   for (size_t i = 0; i < gateway.num_deployments(); ++i)
     served += (i ? ", \"" : "\"") + gateway.deployment(i).name() + "\"";
   if (gateway.has_router()) served += ", \"" + gateway.router_name() + "\" (router)";
+  if (gateway.embedding_model()) served += ", \"" + gateway.embedding_model()->name() + "\" (embeddings)";
   const auto api_keys = collect_api_keys(server_config);
 
   server::OpenAiService service(gateway, server_config, api_keys);
+  if (stack.config.embedding) service.set_max_embedding_inputs(stack.config.embedding->max_inputs);
   // /v1/stats and /dashboard: one sample per second of what /metrics reports (every
   // deployment's engine, the first's as the headline), 15 minutes kept.
   server::StatsOptions stats_options;

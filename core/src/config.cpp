@@ -784,7 +784,8 @@ class StackValidator {
   StackConfig validate(const Tree& root) {
     StackConfig config;
     config.file = top_file_;
-    check_keys(root, "", {"extends", "plugin_paths", "model", "engine", "deployments", "gateway", "server"});
+    check_keys(root, "", {"extends", "plugin_paths", "model", "engine", "deployments", "gateway", "embedding",
+                          "server"});
     // Plugin folders first: the slots below may name plugins that live there.
     if (const TreeEntry* e = root.find("plugin_paths")) validate_plugin_paths(*e, &config);
     if (const TreeEntry* d = root.find("deployments")) {
@@ -809,6 +810,7 @@ class StackValidator {
       config.deployments.push_back(DeploymentConfig{config.model.name, config.model, config.engine});
     }
     if (const TreeEntry* e = root.find("gateway")) validate_gateway(*e, &config);
+    if (const TreeEntry* e = root.find("embedding")) validate_embedding(*e, &config);
     if (const TreeEntry* e = root.find("server")) validate_server(*e, &config.server);
     return config;
   }
@@ -1107,6 +1109,29 @@ class StackValidator {
     }
   }
 
+  // `embedding: {model: {path: DIR_OR_NAME, threads: N}, max_inputs: N}`.
+  void validate_embedding(const TreeEntry& entry, StackConfig* config) {
+    if (!check_keys(entry.value, "embedding", {"model", "max_inputs"})) return;
+    EmbeddingConfig embedding;
+    const TreeEntry* m = entry.value.find("model");
+    if (!m) {
+      issues_.add_at_key(entry, "embedding", "missing required key 'model' ({path: all-MiniLM-L6-v2})");
+      return;
+    }
+    validate_model(*m, "embedding.model", &embedding.model);
+    static const ParamSpec kMaxInputs{"max_inputs", ParamType::kInt, "256", "", 1, 1 << 16};
+    field(entry, "embedding", kMaxInputs, &embedding.max_inputs);
+    if (const TreeEntry* p = m->value.find("path"); p && !embedding.model.path.empty()) {
+      try {
+        embedding.model.path =
+            resolve_model_dir(embedding.model.path, fs::path(p->value.file).parent_path().string());
+      } catch (const std::exception& e) {
+        issues_.add(p->value, "embedding.model.path", e.what());
+      }
+    }
+    config->embedding = std::move(embedding);
+  }
+
   void validate_server(const TreeEntry& entry, ServerConfig* server) {
     const Tree& map = entry.value;
     if (!check_keys(map, "server",
@@ -1287,45 +1312,78 @@ const std::map<std::string, std::string>& model_aliases() {
 }
 }  // namespace
 
-std::string resolve_model_path(const std::string& path_or_name, const std::string& config_dir) {
-  std::vector<std::string> looked;
-  std::error_code ec;
-  auto try_file = [&](const fs::path& p) -> bool {
-    looked.push_back(p.lexically_normal().string());
-    return fs::is_regular_file(p, ec);
+namespace {
+
+// Where a model named in a config is: an absolute path as is; a relative one relative to the
+// config file's folder, then the working directory; then the model cache by `names` (exact,
+// then case-insensitive). `is_model` says what counts (a regular file, a directory).
+std::optional<std::string> find_model(const std::string& path_or_name, const std::string& config_dir,
+                                      const std::vector<std::string>& names,
+                                      bool (*is_model)(const fs::path&), std::vector<std::string>* looked) {
+  auto try_path = [&](const fs::path& p) {
+    looked->push_back(p.lexically_normal().string());
+    return is_model(p);
   };
   fs::path given(path_or_name);
   if (given.is_absolute()) {
-    if (try_file(given)) return given.string();
+    if (try_path(given)) return given.string();
   } else {
-    if (!config_dir.empty() && try_file(fs::path(config_dir) / given))
+    if (!config_dir.empty() && try_path(fs::path(config_dir) / given))
       return (fs::path(config_dir) / given).lexically_normal().string();
-    if (try_file(given)) return given.string();
+    if (try_path(given)) return given.string();
   }
   // A bare name: look in the model cache.
   fs::path cache = model_cache_dir();
-  std::vector<std::string> names = {path_or_name, path_or_name + ".gguf"};
-  if (auto it = model_aliases().find(lower(path_or_name)); it != model_aliases().end())
-    names.push_back(it->second);
   for (const auto& name : names)
-    if (try_file(cache / name)) return (cache / name).string();
+    if (try_path(cache / name)) return (cache / name).string();
   // Names are case-insensitive within the cache ("smollm2-135m-instruct.q4_1").
+  std::error_code ec;
   if (fs::is_directory(cache, ec)) {
     for (const auto& entry : fs::directory_iterator(cache, ec)) {
       std::string file = entry.path().filename().string();
       for (const auto& name : names)
-        if (lower(file) == lower(name) && entry.is_regular_file(ec)) return entry.path().string();
+        if (lower(file) == lower(name) && is_model(entry.path())) return entry.path().string();
     }
   }
+  return std::nullopt;
+}
+
+std::string unique_join(const std::vector<std::string>& looked) {
   std::vector<std::string> unique;
   for (const auto& l : looked)
     if (std::find(unique.begin(), unique.end(), l) == unique.end()) unique.push_back(l);
-  throw std::runtime_error("model '" + path_or_name + "' not found (looked in " +
-                           join(unique, ", ") + "); run scripts/fetch-models.sh to download it");
+  return join(unique, ", ");
+}
+
+}  // namespace
+
+std::string resolve_model_path(const std::string& path_or_name, const std::string& config_dir) {
+  std::vector<std::string> names = {path_or_name, path_or_name + ".gguf"};
+  if (auto it = model_aliases().find(lower(path_or_name)); it != model_aliases().end())
+    names.push_back(it->second);
+  std::vector<std::string> looked;
+  auto is_file = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::is_regular_file(p, ec);
+  };
+  if (auto found = find_model(path_or_name, config_dir, names, is_file, &looked)) return *found;
+  throw std::runtime_error("model '" + path_or_name + "' not found (looked in " + unique_join(looked) +
+                           "); run scripts/fetch-models.sh to download it");
 }
 
 std::string resolve_model_path(const std::string& path_or_name) {
   return resolve_model_path(path_or_name, std::string());
+}
+
+std::string resolve_model_dir(const std::string& path_or_name, const std::string& config_dir) {
+  std::vector<std::string> looked;
+  auto is_dir = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::is_directory(p, ec);
+  };
+  if (auto found = find_model(path_or_name, config_dir, {path_or_name}, is_dir, &looked)) return *found;
+  throw std::runtime_error("embedding model '" + path_or_name + "' not found (looked in " + unique_join(looked) +
+                           "); run scripts/fetch-models.sh to download all-MiniLM-L6-v2");
 }
 
 }  // namespace tessera

@@ -166,6 +166,16 @@ class Redis:
         out = self.cli("--scan", "--pattern", "tessera:exact:*")
         return [k for k in out.splitlines() if k]
 
+    def wait_for_new_key(self, before, timeout=10):
+        """Until a key not in `before` (a set of keys) exists. Counting keys instead would race
+        with the TTL: on a loaded machine earlier entries expire while one request runs."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if set(self.keys()) - before:
+                return True
+            time.sleep(0.05)
+        return False
+
     def wait_for_keys(self, n, timeout=10):
         deadline = time.time() + timeout
         while time.time() < deadline:

@@ -154,24 +154,24 @@ class OpenAiClient(unittest.TestCase):
     def test_a_cache_hit_returns_the_original_text_and_says_it_was_cached(self):
         messages = [{"role": "user", "content": unique("Say something about the sea")}]
         c = client(A)
-        before = len(REDIS.keys())
+        before = set(REDIS.keys())
         first = c.chat.completions.with_raw_response.create(model="continuous", messages=messages, max_tokens=16,
                                                             temperature=0)
         self.assertEqual(first.headers["x-tessera-cache"], "miss")
         original = first.parse().choices[0].message.content
-        self.assertTrue(REDIS.wait_for_keys(before + 1))  # stored (the in-process tier first)
+        self.assertTrue(REDIS.wait_for_new_key(before))  # stored (the in-process tier first)
         second = c.chat.completions.with_raw_response.create(model="continuous", messages=messages, max_tokens=16,
                                                              temperature=0)
-        self.assertEqual(second.headers["x-tessera-cache"], "hit; layer=exact; tier=memory")
+        self.assertEqual(second.headers["x-tessera-cache"], "hit; layer=exact; tier=memory; similarity=1.0000")
         parsed = second.parse()
         self.assertEqual(parsed.choices[0].message.content, original)
         self.assertEqual(parsed.choices[0].finish_reason, first.parse().choices[0].finish_reason)
-        self.assertEqual(parsed.model_extra["tessera_cache"], {"hit": True, "layer": "exact", "tier": "memory"})
+        self.assertEqual(parsed.model_extra["tessera_cache"], {"hit": True, "layer": "exact", "tier": "memory", "similarity": 1.0})
         self.assertEqual(parsed.usage.completion_tokens, first.parse().usage.completion_tokens)
         # Streamed, the hit arrives as SSE chunks that join to the same text.
         with c.chat.completions.with_streaming_response.create(model="continuous", messages=messages, max_tokens=16,
                                                                temperature=0, stream=True) as resp:
-            self.assertEqual(resp.headers["x-tessera-cache"], "hit; layer=exact; tier=memory")
+            self.assertEqual(resp.headers["x-tessera-cache"], "hit; layer=exact; tier=memory; similarity=1.0000")
             chunks = list(resp.parse())
         self.assertGreater(len(chunks), 2)
         self.assertEqual("".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices), original)
@@ -186,11 +186,11 @@ class OpenAiClient(unittest.TestCase):
         text = complete(A, prompt, model="chunked", max_tokens=24).json()["choices"][0]["text"]
         self.assertGreaterEqual(len(text), 8, text)
         stop = text[len(text) // 2:len(text) // 2 + 4]
-        before = len(REDIS.keys())
+        before = set(REDIS.keys())
         first = complete(A, prompt, model="chunked", max_tokens=24, stop=[stop]).json()
         self.assertEqual(first["choices"][0]["finish_reason"], "stop")
         self.assertEqual(first["choices"][0]["text"].find(stop), -1)
-        self.assertTrue(REDIS.wait_for_keys(before + 1))
+        self.assertTrue(REDIS.wait_for_new_key(before))
         hit = complete(A, prompt, model="chunked", max_tokens=24, stop=[stop])
         self.assertTrue(hit.headers["x-tessera-cache"].startswith("hit"), hit.headers.get("x-tessera-cache"))
         self.assertEqual(hit.json()["choices"][0]["text"], first["choices"][0]["text"])
@@ -204,23 +204,23 @@ class OpenAiClient(unittest.TestCase):
         self.assertEqual(r2.headers["x-tessera-cache"], "miss")
         self.assertGreaterEqual(metric_value(A, "tessera_cache_layer_skipped_total", {"layer": "exact"}), 2)
         # With a seed the output is reproducible, so it is cached.
-        before = len(REDIS.keys())
+        before = set(REDIS.keys())
         s1 = complete(A, prompt, temperature=1.0, seed=42)
-        self.assertTrue(REDIS.wait_for_keys(before + 1))
+        self.assertTrue(REDIS.wait_for_new_key(before))
         s2 = complete(A, prompt, temperature=1.0, seed=42)
-        self.assertEqual(s2.headers["x-tessera-cache"], "hit; layer=exact; tier=memory")
+        self.assertEqual(s2.headers["x-tessera-cache"], "hit; layer=exact; tier=memory; similarity=1.0000")
         self.assertEqual(s1.json()["choices"][0]["text"], s2.json()["choices"][0]["text"])
 
 
 class SharedTier(unittest.TestCase):
     def test_stored_through_one_gateway_is_a_hit_in_the_other_and_ttl_is_honoured(self):
         prompt = unique("The history of bridges")
-        before = len(REDIS.keys())
+        before = set(REDIS.keys())
         original = complete(A, prompt)
         self.assertEqual(original.headers["x-tessera-cache"], "miss")
-        self.assertTrue(REDIS.wait_for_keys(before + 1))
+        self.assertTrue(REDIS.wait_for_new_key(before))
         hit = complete(B, prompt)
-        self.assertEqual(hit.headers["x-tessera-cache"], "hit; layer=exact; tier=redis")
+        self.assertEqual(hit.headers["x-tessera-cache"], "hit; layer=exact; tier=redis; similarity=1.0000")
         self.assertEqual(hit.json()["choices"][0]["text"], original.json()["choices"][0]["text"])
         # Redis holds the TTL itself.
         for key in REDIS.keys():
@@ -248,7 +248,7 @@ class SharedTier(unittest.TestCase):
         original = complete(A, prompt)
         self.assertTrue(REDIS.wait_for_keys(1), "A did not store into the restarted Redis")
         hit = complete(B, prompt)
-        self.assertEqual(hit.headers["x-tessera-cache"], "hit; layer=exact; tier=redis")
+        self.assertEqual(hit.headers["x-tessera-cache"], "hit; layer=exact; tier=redis; similarity=1.0000")
         self.assertEqual(hit.json()["choices"][0]["text"], original.json()["choices"][0]["text"])
         self.assertEqual(metric_value(A, "tessera_cache_redis_up", {"layer": "exact"}), 1)
 
@@ -335,7 +335,7 @@ gateway:
             prompt = unique("ttl")
             self.assertEqual(complete(g, prompt, model=model).headers["x-tessera-cache"], "miss")
             self.assertEqual(complete(g, prompt, model=model).headers["x-tessera-cache"],
-                             "hit; layer=exact; tier=memory")
+                             "hit; layer=exact; tier=memory; similarity=1.0000")
             time.sleep(2.3)
             self.assertEqual(complete(g, prompt, model=model).headers["x-tessera-cache"], "miss")
             self.assertGreaterEqual(metric_value(g, "tessera_cache_layer_expired_total", {"layer": "exact"}), 1)

@@ -263,3 +263,37 @@ TEST_CASE("HTTP framing: obs-fold and every Transfer-Encoding but plain chunked 
   REQUIRE(http10);
   CHECK(http10->status == http::status::bad_request);
 }
+
+TEST_CASE("embeddings requests: the four input forms, encoding_format, and errors naming the field") {
+  using tessera::server::parse_embeddings_request;
+  ApiError err;
+  auto one = parse_embeddings_request(json::parse(R"({"model":"m","input":"hello"})"), 8, &err);
+  REQUIRE(one);
+  CHECK(one->model == "m");
+  REQUIRE(one->inputs.size() == 1);
+  CHECK(*one->inputs[0].text == "hello");
+  CHECK_FALSE(one->base64);
+  auto ids = parse_embeddings_request(json::parse(R"({"model":"m","input":[101,7592,102],"encoding_format":"base64"})"),
+                                      8, &err);
+  REQUIRE(ids);
+  CHECK(ids->inputs[0].ids == std::vector<int32_t>{101, 7592, 102});
+  CHECK(ids->base64);
+  auto batch = parse_embeddings_request(json::parse(R"({"model":"m","input":[[1,2],[3]],"dimensions":384})"), 8, &err);
+  REQUIRE(batch);
+  CHECK(batch->inputs.size() == 2);
+  CHECK(*batch->dimensions == 384);
+  struct Bad {
+    const char* body;
+    const char* param;
+  };
+  for (const Bad& b : {Bad{R"({"input":"x"})", "model"}, Bad{R"({"model":"m"})", "input"},
+                       Bad{R"({"model":"m","input":""})", "input"}, Bad{R"({"model":"m","input":["a",""]})", "input[1]"},
+                       Bad{R"({"model":"m","input":["a",2]})", "input[1]"}, Bad{R"({"model":"m","input":[1,-2]})", "input"},
+                       Bad{R"({"model":"m","input":["a","b","c"]})", "input"},
+                       Bad{R"({"model":"m","input":"x","encoding_format":"hex"})", "encoding_format"},
+                       Bad{R"({"model":"m","input":"x","dimensions":0})", "dimensions"}}) {
+    CAPTURE(b.body);
+    CHECK_FALSE(parse_embeddings_request(json::parse(b.body), 2, &err));
+    CHECK(err.param == b.param);
+  }
+}

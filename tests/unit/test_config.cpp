@@ -442,7 +442,7 @@ server: {host: localhost, prot: 80}
   INFO(dump(issues));
   const std::string f = file.string();
   CHECK(has_issue(issues, f + ":2:1: unknown key 'engin'; did you mean 'engine'? expected one "
-                              "of: extends, plugin_paths, model, engine, deployments, gateway, server"));
+                              "of: extends, plugin_paths, model, engine, deployments, gateway, embedding, server"));
   CHECK(has_issue(issues, f + ":1:18: model: unknown key 'thread'; did you mean 'threads'? "
                               "expected one of: path, name, threads, context_length"));
   CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
@@ -877,4 +877,34 @@ gateway: {router: {plugin: classifier, name: auto, routes: {x: auto}}}
   check_single(load_errors(clash), clash.string() +
                                        ":2:11: gateway.router.name: 'auto' is also a deployment's name; give "
                                        "the router another");
+}
+
+TEST_CASE("embedding: a model directory by path or cache name; a missing one names the key") {
+  auto dir = test::scratch_dir("config-embedding");
+  auto cache = dir / "cache";
+  write_file(cache / "All-MiniLM-L6-v2" / "config.json", "{}");
+  write_file(dir / "stacks" / "enc" / "config.json", "{}");
+  setenv("TESSERA_MODEL_DIR", cache.c_str(), 1);
+  auto registry = make_registry();
+  auto file = write_file(dir / "stacks" / "e.yaml",
+                         "model: {path: m.gguf}\nembedding: {model: {path: all-minilm-l6-v2, threads: 2}}\n");
+  StackConfig config = load_stack_config(file.string(), *registry);
+  REQUIRE(config.embedding);
+  CHECK(config.embedding->model.path == (cache / "All-MiniLM-L6-v2").string());
+  CHECK(config.embedding->model.name == "all-minilm-l6-v2");
+  CHECK(config.embedding->model.threads == 2);
+  CHECK(config.embedding->max_inputs == 256);
+  file = write_file(dir / "stacks" / "rel.yaml", "model: {path: m.gguf}\nembedding: {model: {path: enc}, max_inputs: 8}\n");
+  config = load_stack_config(file.string(), *registry);
+  CHECK(config.embedding->model.path == (dir / "stacks" / "enc").string());
+  CHECK(config.embedding->max_inputs == 8);
+  file = write_file(dir / "stacks" / "bad.yaml", "model: {path: m.gguf}\nembedding: {model: {path: nope}, max_inputs: 0}\n");
+  auto issues = load_errors(file, *registry);
+  INFO(dump(issues));
+  REQUIRE(issues.size() == 2);
+  CHECK(issues[0].to_string().find("embedding.model.path: embedding model 'nope' not found (looked in ") !=
+        std::string::npos);
+  CHECK(issues[1].to_string().find("embedding.max_inputs: expected an integer in [1, 65536], got 0") !=
+        std::string::npos);
+  unsetenv("TESSERA_MODEL_DIR");
 }

@@ -130,41 +130,40 @@ bool parse_token_list(Reader& r, const std::string& param, const json& list, std
 }
 
 // A string, a list of token ids, a list of strings, or a list of token-id lists (OpenAI's
-// four forms); the last two are a batch of prompts.
-bool parse_prompt(Reader& r, GenerationSpec* spec) {
-  const json* v = r.find("prompt");
-  if (!v) return r.fail("prompt", "required");
+// four forms, of completions' `prompt` and embeddings' `input`); the last two are a batch.
+bool parse_prompt_inputs(Reader& r, const std::string& key, int max_items, std::vector<PromptInput>* out) {
+  const json* v = r.find(key.c_str());
+  if (!v) return r.fail(key, "required");
   const char* expected = "expected a string, a list of token ids, a list of strings or a list of token-id lists";
   if (v->is_string()) {
-    if (v->get_ref<const std::string&>().empty()) return r.fail("prompt", "must not be empty");
-    spec->prompts.push_back({v->get<std::string>(), {}});
+    if (v->get_ref<const std::string&>().empty()) return r.fail(key, "must not be empty");
+    out->push_back({v->get<std::string>(), {}});
     return true;
   }
-  if (!v->is_array()) return r.fail("prompt", std::string(expected) + ", got " + describe(*v));
-  if (v->empty()) return r.fail("prompt", "must not be empty");
+  if (!v->is_array()) return r.fail(key, std::string(expected) + ", got " + describe(*v));
+  if (v->empty()) return r.fail(key, "must not be empty");
   const json& first = (*v)[0];
   if (first.is_number()) {
-    spec->prompts.emplace_back();
-    return parse_token_list(r, "prompt", *v, &spec->prompts.back().ids);
+    out->emplace_back();
+    return parse_token_list(r, key, *v, &out->back().ids);
   }
   if (!first.is_string() && !first.is_array())
-    return r.fail("prompt", std::string(expected) + "; item 0 is " + describe(first));
-  if (v->size() > static_cast<size_t>(kMaxPromptsPerRequest))
-    return r.fail("prompt", "at most " + std::to_string(kMaxPromptsPerRequest) + " prompts per request, got " +
-                                std::to_string(v->size()));
+    return r.fail(key, std::string(expected) + "; item 0 is " + describe(first));
+  if (v->size() > static_cast<size_t>(max_items))
+    return r.fail(key, "at most " + std::to_string(max_items) + " items per request, got " + std::to_string(v->size()));
   for (size_t i = 0; i < v->size(); ++i) {
     const json& item = (*v)[i];
-    const std::string param = "prompt[" + std::to_string(i) + "]";
+    const std::string param = key + "[" + std::to_string(i) + "]";
     if (first.is_string()) {
       if (!item.is_string())
         return r.fail(param, "expected a string (as item 0 is), got " + describe(item));
       if (item.get_ref<const std::string&>().empty()) return r.fail(param, "must not be empty");
-      spec->prompts.push_back({item.get<std::string>(), {}});
+      out->push_back({item.get<std::string>(), {}});
     } else {
       if (!item.is_array())
         return r.fail(param, "expected a list of token ids (as item 0 is), got " + describe(item));
-      spec->prompts.emplace_back();
-      if (!parse_token_list(r, param, item, &spec->prompts.back().ids)) return false;
+      out->emplace_back();
+      if (!parse_token_list(r, param, item, &out->back().ids)) return false;
     }
   }
   return true;
@@ -267,7 +266,7 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
   spec.model = model->get<std::string>();
 
   if (kind == ApiKind::kCompletion) {
-    if (!parse_prompt(r, &spec)) return std::nullopt;
+    if (!parse_prompt_inputs(r, "prompt", kMaxPromptsPerRequest, &spec.prompts)) return std::nullopt;
   } else {
     if (!parse_messages(r, &spec)) return std::nullopt;
   }
@@ -420,6 +419,30 @@ std::string StopStringFilter::flush() {
   pending_.clear();
   released_ += out.size();
   return out;
+}
+
+std::optional<EmbeddingsSpec> parse_embeddings_request(const json& body, int max_inputs, ApiError* error) {
+  Reader r(body, error);
+  EmbeddingsSpec spec;
+  if (!r.find("model")) {
+    r.fail("model", "required");
+    return std::nullopt;
+  }
+  if (!r.string("model", &spec.model)) return std::nullopt;
+  if (!parse_prompt_inputs(r, "input", max_inputs, &spec.inputs)) return std::nullopt;
+  std::string format = "float";
+  if (!r.string("encoding_format", &format)) return std::nullopt;
+  if (format != "float" && format != "base64") {
+    r.fail("encoding_format", "expected \"float\" or \"base64\", got " + json(format).dump());
+    return std::nullopt;
+  }
+  spec.base64 = format == "base64";
+  int64_t dimensions = 0;
+  bool given = false;
+  if (!r.integer("dimensions", 1, 1 << 20, &dimensions, &given)) return std::nullopt;
+  if (given) spec.dimensions = static_cast<int32_t>(dimensions);
+  if (!r.string("user", &spec.user)) return std::nullopt;
+  return spec;
 }
 
 }  // namespace tessera::server

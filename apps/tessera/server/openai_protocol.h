@@ -99,4 +99,16 @@ class StopStringFilter {
   bool matched_ = false;
 };
 
+// POST /v1/embeddings: `input` in completions' four prompt forms (at most max_inputs items;
+// strings must not be empty), `model` required, `encoding_format` "float" (default) or
+// "base64", `dimensions` (checked against the model by the caller), `user` (ignored).
+struct EmbeddingsSpec {
+  std::string model;
+  std::vector<PromptInput> inputs;
+  bool base64 = false;
+  std::optional<int32_t> dimensions;
+  std::string user;
+};
+std::optional<EmbeddingsSpec> parse_embeddings_request(const nlohmann::json& body, int max_inputs, ApiError* error);
+
 }  // namespace tessera::server

@@ -1,11 +1,14 @@
 #include "openai_service.h"
 
+#include "tessera/embedding/encoder_model.h"
+
 #include <boost/asio/post.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <random>
@@ -238,7 +241,8 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     std::vector<std::pair<std::string, std::string>> h;
     if (served.cache_consulted)
       h.emplace_back("x-tessera-cache", served.is_cache_hit() ? "hit; layer=" + served.cache_layer +
-                                                                      "; tier=" + served.cache_tier
+                                                                      "; tier=" + served.cache_tier +
+                                                                      "; similarity=" + similarity_text()
                                                                 : "miss");
     if (!router.empty()) h.emplace_back("x-tessera-route", router + "=" + arm);
     return h;
@@ -247,7 +251,17 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   // The body's note of a cache hit (an extra field the OpenAI clients keep and ignore).
   void add_cache_note(json& j) const {
     if (served.is_cache_hit())
-      j["tessera_cache"] = {{"hit", true}, {"layer", served.cache_layer}, {"tier", served.cache_tier}};
+      j["tessera_cache"] = {{"hit", true},
+                            {"layer", served.cache_layer},
+                            {"tier", served.cache_tier},
+                            {"similarity", std::round(double(served.cache_similarity) * 1e4) / 1e4}};
+  }
+
+  // The hit's prompt similarity with 4 decimals ("1.0000" for an exact match).
+  std::string similarity_text() const {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%.4f", double(served.cache_similarity));
+    return buf;
   }
 
   void on_event(Event ev) {
@@ -775,7 +789,7 @@ std::string OpenAiService::endpoint_label(std::string_view target) {
   // Metric labels only for known routes: arbitrary paths must not grow the label set.
   static const char* kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
                                   "/metrics",        "/tokenize",            "/detokenize", "/v1/stats",
-                                  "/dashboard"};
+                                  "/dashboard",      "/v1/embeddings"};
   for (const char* r : kRoutes)
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
@@ -864,7 +878,7 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
   }
   const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
   const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/models" ||
-                     path.rfind("/v1/models/", 0) == 0 || tokenizer_route;
+                     path.rfind("/v1/models/", 0) == 0 || tokenizer_route || path == "/v1/embeddings";
   if (!known) {
     return reply_error(channel, endpoint, http::status::not_found, "no route for " + path,
                        "invalid_request_error", "", "unknown_url");
@@ -883,6 +897,7 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
     json data = json::array();
     for (size_t i = 0; i < gateway_.num_deployments(); ++i) data.push_back(model_card(gateway_.deployment(i)));
     if (gateway_.has_router()) data.push_back(router_card());
+    if (gateway_.embedding_model()) data.push_back(embedding_model_card());
     json body = {{"object", "list"}, {"data", data}};
     return reply(channel, endpoint, make_json_response(http::status::ok, dump(body)));
   }
@@ -891,6 +906,8 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
     const std::string id = path.substr(std::string("/v1/models/").size());
     if (gateway_.has_router() && id == gateway_.router_name())
       return reply(channel, endpoint, make_json_response(http::status::ok, dump(router_card())));
+    if (gateway_.embedding_model() && id == gateway_.embedding_model()->name())
+      return reply(channel, endpoint, make_json_response(http::status::ok, dump(embedding_model_card())));
     const Deployment* d = gateway_.find(id);
     if (!d) return reply_unknown_model(channel, endpoint, id);
     return reply(channel, endpoint, make_json_response(http::status::ok, dump(model_card(*d))));
@@ -898,6 +915,7 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
   if (!post) return wrong_method("POST");
   if (path == "/tokenize") return handle_tokenize(req, channel, endpoint);
   if (path == "/detokenize") return handle_detokenize(req, channel, endpoint);
+  if (path == "/v1/embeddings") return handle_embeddings(req, channel, endpoint);
   handle_generation(req, channel, endpoint, path == "/v1/chat/completions");
 }
 
@@ -1077,24 +1095,24 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     return reply(channel, endpoint, std::move(res));
   }
 
+  // Only a digest of the API key leaves here.
+  std::string key_digest;
+  if (const auto auth = req[http::field::authorization]; !auth.empty())
+    key_digest = "key:" + std::to_string(std::hash<std::string_view>{}(std::string_view(auth.data(), auth.size())));
+  // What a router classifies and a semantic cache embeds: the messages' contents, or the prompt.
+  std::string semantic_text;
+  if (chat) {
+    for (const auto& m : spec->messages) semantic_text += m.content + "\n";
+  } else if (!spec->prompts.empty() && spec->prompts[0].text) {
+    semantic_text = *spec->prompts[0].text;
+  }
   std::string arm;
   if (routed) {
-    // Sticky per end user: the `user` field, else the API key (only a digest of it leaves here).
-    std::string sticky = spec->user;
-    if (sticky.empty()) {
-      const auto auth = req[http::field::authorization];
-      if (!auth.empty()) sticky = "key:" + std::to_string(std::hash<std::string_view>{}(std::string_view(auth.data(), auth.size())));
-    }
+    // Sticky per end user: the `user` field, else the API key.
     RouteRequest route;
     route.request_id = next_call_;
-    route.user = sticky;
-    std::string prompt_text;
-    if (chat) {
-      for (const auto& m : spec->messages) prompt_text += m.content + "\n";
-    } else if (!spec->prompts.empty() && spec->prompts[0].text) {
-      prompt_text = *spec->prompts[0].text;
-    }
-    route.prompt = prompt_text;
+    route.user = spec->user.empty() ? key_digest : spec->user;
+    route.prompt = semantic_text;
     Status st = gateway_.route(route, &deployment);
     if (!st.is_ok())
       return reply_error(channel, endpoint, http::status::internal_server_error,
@@ -1219,6 +1237,10 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
       dreq.prompt_text = std::move(prompt_texts[p]);
       dreq.output_params = canonical_output_params(greq.params, call->spec.stop) + extra_params;
       dreq.reproducible = is_reproducible(greq.params);
+      dreq.semantic_text = semantic_text;
+      // A semantic hit must never show one tenant another's answer: the key and the user both
+      // separate caches.
+      dreq.tenant = key_digest + "|" + call->spec.user;
     }
     auto sink = std::make_shared<CallSink>(call, executor, static_cast<int32_t>(p));
     std::unique_ptr<RequestHandle> handle;

@@ -68,6 +68,7 @@ class OpenAiService : public HttpHandler {
   // Serves GET /v1/stats from `stats` and GET /dashboard (dashboard.h); both off until set.
   void attach_stats(const StatsRecorder* stats) { stats_ = stats; }
   const ServerMetrics& metrics() const { return metrics_; }
+  void set_max_embedding_inputs(int n) { max_embedding_inputs_ = n; }
 
  private:
   friend struct GenerationCall;
@@ -85,6 +86,10 @@ class OpenAiService : public HttpHandler {
                        const std::string& endpoint);
   void handle_detokenize(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
                          const std::string& endpoint);
+  // POST /v1/embeddings (embeddings.cpp): parsed here, embedded on the gateway's embedding thread.
+  void handle_embeddings(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
+                         const std::string& endpoint);
+  nlohmann::json embedding_model_card() const;
   // The body as a JSON object, or an error answered (and std::nullopt).
   std::optional<nlohmann::json> read_json_object(const HttpRequest& request,
                                                  const std::shared_ptr<ResponseChannel>& channel,
@@ -103,6 +108,7 @@ class OpenAiService : public HttpHandler {
   Gateway& gateway_;
   const ServerConfig& config_;
   std::vector<std::string> api_keys_;
+  int max_embedding_inputs_ = 256;  // embedding.max_inputs
   int64_t created_ = 0;  // unix time the server started (reported as the model's "created")
   ServerMetrics metrics_;
   int64_t in_flight_ = 0;

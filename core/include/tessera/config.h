@@ -79,6 +79,13 @@ struct DeploymentConfig {
   std::map<PluginKind, PluginSlot> engine;          // every engine kind present, defaults filled
 };
 
+// `embedding:` — the sentence-embedding model the gateway runs itself (POST /v1/embeddings,
+// the semantic cache layer). A model directory (safetensors + tokenizer.json), not a GGUF.
+struct EmbeddingConfig {
+  ModelConfig model;        // path: a directory or a name in the model cache ("all-MiniLM-L6-v2")
+  int max_inputs = 256;     // most inputs one /v1/embeddings request may carry
+};
+
 struct StackConfig {
   std::string file;                                 // the file loaded (after extends)
   std::vector<std::string> plugin_paths;
@@ -91,6 +98,7 @@ struct StackConfig {
   std::vector<PluginSlot> cache_layers;             // gateway.cache, in order
   std::optional<PluginSlot> router;                 // gateway.router
   std::string router_name;                          // gateway.router.name: the model id clients send
+  std::optional<EmbeddingConfig> embedding;         // `embedding:`; absent: no embedding model
   ServerConfig server;
 };
 
@@ -126,5 +134,8 @@ std::string resolve_model_path(const std::string& path_or_name);
 // Same, but a relative file path is tried relative to `config_dir` (the directory of the
 // config file that named it) before the working directory.
 std::string resolve_model_path(const std::string& path_or_name, const std::string& config_dir);
+// The same for a model that is a directory (the embedding model): an existing directory as
+// is, else <cache>/<name> (case-insensitive). Throws naming the places looked in.
+std::string resolve_model_dir(const std::string& path_or_name, const std::string& config_dir);
 
 }  // namespace tessera

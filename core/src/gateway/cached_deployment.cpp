@@ -22,6 +22,7 @@ void CacheWorkers::post(std::function<void()> fn) { boost::asio::post(impl_->poo
 // One request through the chain: its key, the cancel state, and the output captured on a miss.
 struct CachedCall {
   CacheKey key;
+  std::vector<float> embedding;          // key.embedding's storage (layers with needs_embedding)
   DeploymentRequest request;
   std::shared_ptr<RequestSink> sink;
   std::mutex mutex;
@@ -113,6 +114,7 @@ class CapturingSink : public RequestSink {
         response.finish_reason = reason;
         response.text = (*decode)(response.tokens);
         for (const auto& l : *layers) {
+          if (l.layer->needs_embedding() && call->key.embedding.empty()) continue;
           Status st = l.layer->store(call->key, response);
           if (!st.is_ok()) spdlog::warn("gateway: cache layer '{}' could not store: {}", l.name, st.message());
         }
@@ -132,8 +134,13 @@ class CapturingSink : public RequestSink {
 }  // namespace
 
 CachedDeployment::CachedDeployment(std::shared_ptr<Deployment> inner, std::vector<NamedCacheLayer> layers,
-                                   CacheWorkers& workers, Decoder decode)
-    : inner_(std::move(inner)), layers_(std::move(layers)), workers_(workers), decode_(std::move(decode)) {
+                                   CacheWorkers& workers, Decoder decode, Embedder embed)
+    : inner_(std::move(inner)),
+      layers_(std::move(layers)),
+      workers_(workers),
+      decode_(std::move(decode)),
+      embed_(std::move(embed)) {
+  for (const auto& l : layers_) needs_embedding_ |= l.layer->needs_embedding();
   if (!decode_) {
     const Deployment* d = inner_.get();
     decode_ = [d](const std::vector<TokenId>& tokens) {
@@ -151,6 +158,7 @@ Status CachedDeployment::submit(DeploymentRequest request, std::shared_ptr<Reque
   call->key.prompt = request.prompt_text;
   call->key.params = request.output_params;
   call->key.reproducible = request.reproducible;
+  call->key.tenant = request.tenant;
   call->request = std::move(request);
   call->sink = std::move(sink);
   *handle = std::make_unique<CachedHandle>(call);
@@ -185,8 +193,24 @@ void CachedDeployment::end_without_answer(CachedCall& call, FinishReason reason,
 void CachedDeployment::lookup_or_submit(const std::shared_ptr<CachedCall>& call) {
   // Cancelled while queued (the client left): neither a lookup nor the model.
   if (cancelled(*call)) return end_without_answer(*call, FinishReason::kCancelled, Status::ok());
+  bool embedded = false;
   {
     for (const auto& l : layers_) {
+      // A token-id prompt has no text to embed: similarity layers skip it.
+      if (needs_embedding_ && l.layer->needs_embedding() && !embedded && embed_ &&
+          !call->request.semantic_text.empty()) {
+        // Once per request, here on the worker, and only when the layers before did not
+        // answer: the lookup and the store on the way back share it.
+        embedded = true;
+        try {
+          call->embedding = embed_(call->request.semantic_text);
+        } catch (const std::exception& e) {
+          spdlog::warn("gateway: embedding the prompt failed ({}); similarity layers skip this request", e.what());
+          call->embedding.clear();
+        }
+        call->key.embedding = call->embedding;
+      }
+      if (l.layer->needs_embedding() && call->key.embedding.empty()) continue;
       std::optional<CachedResponse> hit;
       Status st = l.layer->lookup(call->key, &hit);
       if (!st.is_ok()) {
@@ -199,6 +223,7 @@ void CachedDeployment::lookup_or_submit(const std::shared_ptr<CachedCall>& call)
       served.cache_consulted = true;
       served.cache_layer = l.name;
       served.cache_tier = hit->tier;
+      served.cache_similarity = hit->similarity;
       call->started = true;
       call->sink->on_start(served);
       replay(*call, *hit);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "tessera/embedding/encoder_model.h"
 #include "tessera/stack.h"
 
 namespace tessera {
@@ -35,9 +36,19 @@ std::unique_ptr<Gateway> Gateway::build(const StackConfig& config, PluginRegistr
     g->engines_.push_back(build_engine(deployment_stack(config, i), registry, p));
     names.push_back(name);
   }
-  for (const PluginSlot& slot : config.cache_layers) {
+  if (config.embedding) {
+    const std::string dir = resolve_model_dir(config.embedding->model.path, "");
+    g->embedding_ = EncoderModel::load(dir, config.embedding->model.threads);
+    g->embed_worker_ = std::make_unique<CacheWorkers>(1);
+  }
+  for (size_t i = 0; i < config.cache_layers.size(); ++i) {
+    const PluginSlot& slot = config.cache_layers[i];
     PluginContext context{&host_logger(), slot.file};
     g->cache_layers_.push_back({slot.plugin, registry.create<CacheLayer>(slot.plugin, slot.config, context)});
+    if (g->cache_layers_.back().layer->needs_embedding() && !g->embedding_)
+      throw std::runtime_error("gateway.cache[" + std::to_string(i) + "] (" + slot.plugin +
+                               "): needs an embedding model; add `embedding: {model: {path: all-MiniLM-L6-v2}}` "
+                               "(scripts/fetch-models.sh fetches it)");
   }
   if (config.router) {
     PluginContext context{&host_logger(), config.router->file};
@@ -59,9 +70,15 @@ Gateway::Gateway(std::vector<std::string> names, std::vector<std::unique_ptr<Eng
 
 void Gateway::wrap_deployments(const std::vector<std::string>& names) {
   if (!cache_layers_.empty()) workers_ = std::make_unique<CacheWorkers>(2);
+  CachedDeployment::Embedder embed;
+  if (embedding_) {
+    std::shared_ptr<EncoderModel> model = embedding_;
+    embed = [model](const std::string& text) { return std::move(model->embed({model->encode(text)})[0]); };
+  }
   for (size_t i = 0; i < engines_.size(); ++i) {
     std::shared_ptr<Deployment> d = std::make_shared<EngineDeployment>(names[i], *engines_[i]);
-    if (!cache_layers_.empty()) d = std::make_shared<CachedDeployment>(d, cache_layers_, *workers_);
+    if (!cache_layers_.empty()) d = std::make_shared<CachedDeployment>(d, cache_layers_, *workers_,
+                                                                       CachedDeployment::Decoder{}, embed);
     deployments_.push_back(std::move(d));
   }
 }
@@ -70,6 +87,12 @@ Gateway::~Gateway() {
   stop();
   // Queued lookups and stores finish before the deployments and layers they use go away.
   workers_.reset();
+  embed_worker_.reset();
+}
+
+void Gateway::post_embedding_job(std::function<void(EncoderModel&)> job) {
+  std::shared_ptr<EncoderModel> model = embedding_;
+  embed_worker_->post([model, job = std::move(job)] { job(*model); });
 }
 
 Deployment* Gateway::find(const std::string& name) {

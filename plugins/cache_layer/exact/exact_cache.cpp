@@ -39,15 +39,9 @@ class ExactCache : public CacheLayer {
     cache->memory_ = std::make_unique<exact_cache::LruStore>(config.get_int("max_bytes", 64 << 20));
     cache->only_reproducible_ = config.get_bool("only_reproducible", true);
     cache->prefix_ = config.get_string("redis_prefix", "tessera:exact:");
-    const std::string url = config.get_string("redis_url", "");
-    if (!url.empty()) {
-      exact_cache::RedisOptions options;
-      if (Status st = exact_cache::parse_redis_url(url, &options); !st.is_ok()) return st;
-      options.timeout = config.get_float("redis_timeout", 0.1);
-      options.backoff_max = config.get_float("redis_backoff_max", 5);
-      options.backoff_min = std::min(options.backoff_min, options.backoff_max);
-      cache->redis_ = std::make_unique<exact_cache::RedisTier>(options, context.logger);
-    }
+    if (Status st = exact_cache::make_redis_tier(config, "cache_layer.exact", context.logger, &cache->redis_);
+        !st.is_ok())
+      return st;
     *out = std::move(cache);
     return Status::ok();
   }
@@ -129,17 +123,7 @@ class ExactCache : public CacheLayer {
                     false, {}, double(memory_->max_bytes())});
     out->push_back({"tessera_cache_layer_memory_entries", "Entries in the in-process tier.", false, {},
                     double(memory_->size())});
-    if (redis_) {
-      out->push_back({"tessera_cache_redis_errors_total", "Failed Redis connects and commands.", true, {},
-                      double(redis_->errors())});
-      out->push_back({"tessera_cache_redis_skipped_total",
-                      "Redis commands not tried because the tier was backing off after an error.", true, {},
-                      double(redis_->skipped())});
-      out->push_back({"tessera_cache_redis_connects_total", "Successful (re)connections to Redis.", true, {},
-                      double(redis_->connects())});
-      out->push_back({"tessera_cache_redis_up", "1 while the Redis connection is up.", false, {},
-                      redis_->up() ? 1.0 : 0.0});
-    }
+    if (redis_) redis_->append_metrics(out);
   }
 
  private:

@@ -48,6 +48,31 @@ Status parse_redis_url(const std::string& url, RedisOptions* out) {
   return Status::ok();
 }
 
+Status make_redis_tier(const PluginConfig& config, const std::string& log_name, Logger* logger,
+                       std::unique_ptr<RedisTier>* out) {
+  const std::string url = config.get_string("redis_url", "");
+  if (url.empty()) return Status::ok();
+  RedisOptions options;
+  if (Status st = parse_redis_url(url, &options); !st.is_ok()) return st;
+  options.timeout = config.get_float("redis_timeout", 0.1);
+  options.backoff_max = config.get_float("redis_backoff_max", 5);
+  options.backoff_min = std::min(options.backoff_min, options.backoff_max);
+  options.log_name = log_name;
+  *out = std::make_unique<RedisTier>(options, logger);
+  return Status::ok();
+}
+
+void RedisTier::append_metrics(std::vector<CacheMetric>* out) const {
+  out->push_back({"tessera_cache_redis_errors_total", "Failed Redis connects and commands.", true, {},
+                  double(errors_)});
+  out->push_back({"tessera_cache_redis_skipped_total",
+                  "Redis commands not tried because the tier was backing off after an error.", true, {},
+                  double(skipped_)});
+  out->push_back({"tessera_cache_redis_connects_total", "Successful (re)connections to Redis.", true, {},
+                  double(connects_)});
+  out->push_back({"tessera_cache_redis_up", "1 while the Redis connection is up.", false, {}, up_ ? 1.0 : 0.0});
+}
+
 namespace {
 timeval to_timeval(double seconds) {
   timeval tv;
@@ -79,7 +104,7 @@ void RedisTier::fail(const std::string& what) {
   retry_at_ = std::chrono::steady_clock::now() +
               std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(backoff_));
   if (logger_)
-    logger_->log(LogLevel::kWarn, "cache_layer.exact: redis " + options_.host + ":" + std::to_string(options_.port) +
+    logger_->log(LogLevel::kWarn, options_.log_name + ": redis " + options_.host + ":" + std::to_string(options_.port) +
                                       ": " + what + "; retrying in " + std::to_string(backoff_) + " s");
 }
 
@@ -144,6 +169,42 @@ RedisTier::Result RedisTier::set(const std::string& key, const std::string& valu
   if (reply.r->type == REDIS_REPLY_ERROR) {
     fail(std::string("SET refused: ") + std::string(reply.r->str, reply.r->len));
     return Result::kError;
+  }
+  return Result::kHit;
+}
+
+RedisTier::Result RedisTier::command(const std::vector<std::string>& argv, RedisReply* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!ensure_connected()) return Result::kDown;
+  std::vector<const char*> args;
+  std::vector<size_t> lens;
+  for (const std::string& a : argv) {
+    args.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  Reply reply{static_cast<redisReply*>(
+      redisCommandArgv(context_, static_cast<int>(args.size()), args.data(), lens.data()))};
+  const std::string name = argv.empty() ? "command" : argv[0];
+  if (!reply.r) {
+    fail(name + " failed: " + context_->errstr);
+    return Result::kError;
+  }
+  if (reply.r->type == REDIS_REPLY_ERROR) {
+    fail(name + " refused: " + std::string(reply.r->str, reply.r->len));
+    return Result::kError;
+  }
+  if (out) {
+    *out = RedisReply{};
+    out->nil = reply.r->type == REDIS_REPLY_NIL;
+    if (reply.r->type == REDIS_REPLY_STRING || reply.r->type == REDIS_REPLY_STATUS)
+      out->str.assign(reply.r->str, reply.r->len);
+    if (reply.r->type == REDIS_REPLY_INTEGER) out->integer = reply.r->integer;
+    if (reply.r->type == REDIS_REPLY_ARRAY)
+      for (size_t i = 0; i < reply.r->elements; ++i) {
+        const redisReply* e = reply.r->element[i];
+        if (e->type == REDIS_REPLY_STRING) out->elements.emplace_back(std::string(e->str, e->len));
+        else out->elements.emplace_back(std::nullopt);
+      }
   }
   return Result::kHit;
 }

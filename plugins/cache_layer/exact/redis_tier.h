@@ -8,9 +8,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "tessera/sdk/cache_layer.h"
 #include "tessera/sdk/logger.h"
 #include "tessera/sdk/status.h"
 
@@ -26,10 +30,25 @@ struct RedisOptions {
   double timeout = 0.1;       // seconds, for connecting and for each command
   double backoff_min = 0.05;  // first wait after a failure
   double backoff_max = 5;     // the wait doubles up to this
+  std::string log_name = "cache_layer.exact";  // who the warnings are from
+};
+
+// A reply as far as the cache layers read one.
+struct RedisReply {
+  bool nil = false;
+  std::string str;                                    // a bulk string or status
+  long long integer = 0;
+  std::vector<std::optional<std::string>> elements;   // an array of bulk strings (nil: empty)
 };
 
 // redis://[[user]:password@]host[:port][/db]
 Status parse_redis_url(const std::string& url, RedisOptions* out);
+
+class RedisTier;
+// The tier a cache layer's `redis_url`, `redis_timeout` and `redis_backoff_max` parameters
+// describe (the same keys in every layer); *out stays null when redis_url is empty.
+Status make_redis_tier(const PluginConfig& config, const std::string& log_name, Logger* logger,
+                       std::unique_ptr<RedisTier>* out);
 
 class RedisTier {
  public:
@@ -43,6 +62,12 @@ class RedisTier {
   Result get(const std::string& key, std::string* value);
   // SET key value PX ttl_ms: Redis expires the entry itself.
   Result set(const std::string& key, const std::string& value, int64_t ttl_ms);
+  // Any command, binary-safe (argv form). kHit: a reply that is not an error, in *reply when
+  // given; an error reply or a failed connection counts as a failure like get/set's.
+  Result command(const std::vector<std::string>& argv, RedisReply* reply = nullptr);
+
+  // tessera_cache_redis_{errors,skipped,connects}_total and tessera_cache_redis_up.
+  void append_metrics(std::vector<CacheMetric>* out) const;
 
   uint64_t errors() const { return errors_; }           // failed connects and commands
   uint64_t skipped() const { return skipped_; }         // commands not tried: in backoff

@@ -38,9 +38,13 @@ class CachedDeployment : public Deployment {
  public:
   // Turns stored tokens into CachedResponse::text; default: the inner model's tokenizer.
   using Decoder = std::function<std::string(const std::vector<TokenId>&)>;
+  // Embeds DeploymentRequest::semantic_text for layers with needs_embedding(); called on a
+  // cache worker, at most once per request. Throws on failure (the request then skips
+  // those layers).
+  using Embedder = std::function<std::vector<float>(const std::string&)>;
   // `layers` and `workers` must outlive the deployment and every request it started.
   CachedDeployment(std::shared_ptr<Deployment> inner, std::vector<NamedCacheLayer> layers, CacheWorkers& workers,
-                   Decoder decode = {});
+                   Decoder decode = {}, Embedder embed = {});
 
   const std::string& name() const override { return inner_->name(); }
   const Model& model() const override { return inner_->model(); }
@@ -62,6 +66,8 @@ class CachedDeployment : public Deployment {
   std::vector<NamedCacheLayer> layers_;
   CacheWorkers& workers_;
   Decoder decode_;
+  Embedder embed_;
+  bool needs_embedding_ = false;  // some layer wants CacheKey::embedding
 };
 
 }  // namespace tessera

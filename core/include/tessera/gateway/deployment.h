@@ -18,6 +18,7 @@ struct ServedBy {
   bool cache_consulted = false;  // a cache layer looked the request up
   std::string cache_layer;       // the layer that answered ("exact"); empty: the model did
   std::string cache_tier;        // where that layer found it ("memory", "redis")
+  float cache_similarity = 1.0f; // the hit's prompt similarity (semantic layer; exact: 1)
   bool is_cache_hit() const { return !cache_layer.empty(); }
 };
 
@@ -51,6 +52,10 @@ struct DeploymentRequest {
   std::string output_params;
   bool reproducible = true;      // greedy, or a fixed seed
   bool cacheable = false;        // one sample, no logprobs: a cached answer can stand for it
+  // For similarity-matching layers: the text to embed (the messages' contents, or the
+  // completions prompt) and whose cache it is (CacheKey::tenant).
+  std::string semantic_text;
+  std::string tenant;
 };
 
 class Deployment {

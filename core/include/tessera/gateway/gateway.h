@@ -3,6 +3,7 @@
 // it for a deployment by name, or for the router's choice, and then talks to that Deployment.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,8 @@
 #include "tessera/sdk/router.h"
 
 namespace tessera {
+
+class EncoderModel;
 
 class Gateway {
  public:
@@ -43,6 +46,13 @@ class Gateway {
   // The router's choice for a request (a hash for ab-split; cheap enough for the I/O thread).
   Status route(const RouteRequest& request, Deployment** out);
 
+  // The `embedding:` model, or nullptr when the config has none.
+  EncoderModel* embedding_model() { return embedding_.get(); }
+  // Runs `job` with the embedding model on the gateway's embedding thread (never the
+  // caller's: tokenizing and forwards are slow). Requires embedding_model() != nullptr; the
+  // job must not throw.
+  void post_embedding_job(std::function<void(EncoderModel&)> job);
+
   // Appends the cache layers' own metrics (Prometheus text), labelled layer="NAME".
   void render_cache_metrics(std::string* out) const;
 
@@ -58,6 +68,8 @@ class Gateway {
   std::vector<std::shared_ptr<Deployment>> deployments_;
   std::shared_ptr<Router> router_;
   std::string router_name_;
+  std::shared_ptr<EncoderModel> embedding_;
+  std::unique_ptr<CacheWorkers> embed_worker_;  // /v1/embeddings forwards (one thread)
   // Last: destroyed (joined) first, while the deployments its tasks use still exist.
   std::unique_ptr<CacheWorkers> workers_;
 };

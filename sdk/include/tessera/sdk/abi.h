@@ -10,6 +10,7 @@
 // 2.3 PluginContext::models and tessera/sdk/model_host.h (ModelHost, ModelInfo, HostModel):
 // a plugin loads and runs a second model through the host (the draft-model drafter). The
 // field is appended, so plugins built against 2.0-2.2 read the context unchanged.
+// 2.4 CacheKey::tenant and CachedResponse::similarity (the semantic cache layer).
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -23,7 +24,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 3
+#define TESSERA_SDK_ABI_MINOR 4
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

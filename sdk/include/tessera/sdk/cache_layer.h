@@ -25,6 +25,9 @@ struct CacheKey {
   // requests only when configured to.
   bool reproducible = true;
   std::span<const float> embedding;  // set for layers with needs_embedding()
+  // Whose cache this is: a digest of the API key, else the request's `user`, else empty (one
+  // shared tenant). Layers that match by similarity keep tenants apart.
+  std::string tenant;
 };
 
 struct CachedResponse {
@@ -32,6 +35,7 @@ struct CachedResponse {
   std::vector<TokenId> tokens;  // what the model generated (replayed through the gateway)
   FinishReason finish_reason = FinishReason::kStop;
   std::string tier;             // set by lookup: where the hit came from ("memory", "redis")
+  float similarity = 1.0f;      // set by lookup: cosine of the hit's prompt to the request's (exact: 1)
 };
 
 // One sample of a layer's own metrics (Prometheus text format). `name` is the full metric
