@@ -24,6 +24,8 @@ using kernels::BlockQ5_0x8;
 using kernels::BlockQ8_0;
 using kernels::BlockQ8_0x8;
 using kernels::BlockQ8_1;
+using kernels::BlockQ4_K;
+using kernels::BlockQ4_Kx8;
 using kernels::BlockQ6_K;
 using kernels::BlockQ6_Kx8;
 using kernels::BlockQ8_K;
@@ -245,18 +247,127 @@ void matmul_q6_k_scalar(const void* packed, int64_t cols, int64_t w_rows, const 
   }
 }
 
+// ---- Q4_K: element e of a GGUF block is the low (e % 64 < 32) or high nibble of
+// qs[32 (e / 64) + e % 32], in sub-block e / 32; in a BlockQ4_Kx8, the nibble of sub-block
+// e / 32 at Q4_0x8's place for element e % 32.
+
+struct NibbleAt {  // where element e keeps its 4 bits: byte (of sub-block `group`) and shift
+  int group, byte, shift;
+};
+NibbleAt q4_k_packed_at(int j, int e) {
+  const int w = e % 32;
+  return {e / 32, 32 * ((w % 16) / 4) + 4 * j + w % 4, w < 16 ? 0 : 4};
+}
+int q4_k_packed_value(const BlockQ4_Kx8& p, int j, int e) {
+  const NibbleAt at = q4_k_packed_at(j, e);
+  return (p.qs[at.group][at.byte] >> at.shift) & 0xF;
+}
+NibbleAt q4_k_at(int e) { return {0, 32 * (e / 64) + e % 32, e % 64 < 32 ? 0 : 4}; }
+
+void interleave_q4_k(const void* src, int64_t rows, int64_t cols, void* dst) {
+  const int64_t nb = cols / kernels::kQK_K;
+  const auto* in = static_cast<const BlockQ4_K*>(src);
+  auto* out = static_cast<BlockQ4_Kx8*>(dst);
+  for (int64_t g = 0; g < num_groups(rows); ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      BlockQ4_Kx8& o = out[g * nb + b];
+      std::memset(&o, 0, sizeof o);  // rows past the end: all zero
+      for (int j = 0; j < kInterleaveRows; ++j) {
+        const int64_t r = g * kInterleaveRows + j;
+        if (r >= rows) break;
+        const BlockQ4_K& blk = in[r * nb + b];
+        o.d[j] = blk.d;
+        o.dmin[j] = blk.dmin;
+        for (int sb = 0; sb < kernels::kQK_K / 32; ++sb)
+          kernels::get_scale_min_k4(sb, blk.scales, &o.scales[sb][j], &o.mins[sb][j]);
+        for (int e = 0; e < kernels::kQK_K; ++e) {
+          const NibbleAt from = q4_k_at(e), to = q4_k_packed_at(j, e);
+          const int q = (blk.qs[from.byte] >> from.shift) & 0xF;
+          uint8_t& byte = o.qs[to.group][to.byte];
+          byte = static_cast<uint8_t>(byte | (q << to.shift));
+        }
+      }
+    }
+  }
+}
+
+void deinterleave_q4_k_row(const void* packed, int64_t cols, int64_t row, void* dst) {
+  const int64_t nb = cols / kernels::kQK_K;
+  const int j = static_cast<int>(row % kInterleaveRows);
+  const auto* in = static_cast<const BlockQ4_Kx8*>(packed) + (row / kInterleaveRows) * nb;
+  auto* out = static_cast<BlockQ4_K*>(dst);
+  for (int64_t b = 0; b < nb; ++b) {
+    BlockQ4_K blk{};
+    blk.d = in[b].d[j];
+    blk.dmin = in[b].dmin[j];
+    // get_scale_min_k4's packing, inverted: 0-3 in the low 6 bits of bytes 0-3 / 4-7, 4-7 in
+    // the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7.
+    for (int sb = 0; sb < 8; ++sb) {
+      const uint8_t sc = in[b].scales[sb][j], mn = in[b].mins[sb][j];
+      if (sb < 4) {
+        blk.scales[sb] = static_cast<uint8_t>(blk.scales[sb] | sc);
+        blk.scales[sb + 4] = static_cast<uint8_t>(blk.scales[sb + 4] | mn);
+      } else {
+        blk.scales[sb + 4] = static_cast<uint8_t>((sc & 0xF) | ((mn & 0xF) << 4));
+        blk.scales[sb - 4] = static_cast<uint8_t>(blk.scales[sb - 4] | ((sc >> 4) << 6));
+        blk.scales[sb] = static_cast<uint8_t>(blk.scales[sb] | ((mn >> 4) << 6));
+      }
+    }
+    for (int e = 0; e < kernels::kQK_K; ++e) {
+      const NibbleAt to = q4_k_at(e);
+      blk.qs[to.byte] = static_cast<uint8_t>(blk.qs[to.byte] | (q4_k_packed_value(in[b], j, e) << to.shift));
+    }
+    std::memcpy(&out[b], &blk, sizeof blk);
+  }
+}
+
+// Per super-block: isum = sum over the 8 sub-blocks of scale * sum(q * x), imin = sum of
+// min * (the sub-block's two Q8_K bsums), both exact;
+// acc = fma(d_w * d_x, float(isum), acc); acc = fma(-(dmin_w * d_x), float(imin), acc).
+void matmul_q4_k_scalar(const void* packed, int64_t cols, int64_t w_rows, const void* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
+  const int64_t nb = cols / kernels::kQK_K;
+  const auto* groups = static_cast<const BlockQ4_Kx8*>(packed);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  for (int64_t r = 0; r < w_rows; ++r) {
+    const BlockQ4_Kx8* w = groups + (r / kInterleaveRows) * nb;
+    const int j = static_cast<int>(r % kInterleaveRows);
+    for (int64_t t = 0; t < x_rows; ++t) {
+      const auto* a = reinterpret_cast<const BlockQ8_K*>(xb + t * x_stride);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t isum = 0, imin = 0;
+        for (int sb = 0; sb < kernels::kQK_K / 32; ++sb) {
+          int32_t sub = 0;
+          for (int e = 32 * sb; e < 32 * sb + 32; ++e) sub += q4_k_packed_value(w[b], j, e) * a[b].qs[e];
+          isum += w[b].scales[sb][j] * sub;
+          imin += w[b].mins[sb][j] * (a[b].bsums[2 * sb] + a[b].bsums[2 * sb + 1]);
+        }
+        const float dd = fp16_to_fp32(w[b].d[j]) * a[b].d;
+        const float md = fp16_to_fp32(w[b].dmin[j]) * a[b].d;
+        acc = std::fma(dd, static_cast<float>(isum), acc);
+        acc = std::fma(-md, static_cast<float>(imin), acc);
+      }
+      y[t * y_stride + r] = acc;
+    }
+  }
+}
+
 size_t packed_block_size(GgmlType type) {
   switch (type) {
     case GgmlType::Q4_0: return sizeof(BlockQ4_0x8);
     case GgmlType::Q4_1: return sizeof(BlockQ4_1x8);
     case GgmlType::Q5_0: return sizeof(BlockQ5_0x8);
     case GgmlType::Q8_0: return sizeof(BlockQ8_0x8);
+    case GgmlType::Q4_K: return sizeof(BlockQ4_Kx8);
     case GgmlType::Q6_K: return sizeof(BlockQ6_Kx8);
     default: return 0;
   }
 }
 
-int64_t block_elements(GgmlType type) { return type == GgmlType::Q6_K ? kernels::kQK_K : kBlock; }
+int64_t block_elements(GgmlType type) {
+  return type == GgmlType::Q4_K || type == GgmlType::Q6_K ? kernels::kQK_K : kBlock;
+}
 
 }  // namespace
 
@@ -303,6 +414,7 @@ void interleave_rows(GgmlType type, const void* src, int64_t rows, int64_t cols,
     case GgmlType::Q4_1: return interleave_q4_1(src, rows, cols, dst);
     case GgmlType::Q5_0: return interleave_as<BlockQ5_0, BlockQ5_0x8>(src, rows, cols, dst);
     case GgmlType::Q8_0: return interleave_as<BlockQ8_0, BlockQ8_0x8>(src, rows, cols, dst);
+    case GgmlType::Q4_K: return interleave_q4_k(src, rows, cols, dst);
     case GgmlType::Q6_K: return interleave_q6_k(src, rows, cols, dst);
     default: return;
   }
@@ -314,6 +426,7 @@ void deinterleave_row(GgmlType type, const void* packed, int64_t cols, int64_t r
     case GgmlType::Q4_1: return deinterleave_q4_1_row(packed, cols, row, dst);
     case GgmlType::Q5_0: return deinterleave_as<BlockQ5_0, BlockQ5_0x8>(packed, cols, row, dst);
     case GgmlType::Q8_0: return deinterleave_as<BlockQ8_0, BlockQ8_0x8>(packed, cols, row, dst);
+    case GgmlType::Q4_K: return deinterleave_q4_k_row(packed, cols, row, dst);
     case GgmlType::Q6_K: return deinterleave_q6_k_row(packed, cols, row, dst);
     default: return;
   }
@@ -331,6 +444,8 @@ void matmul_interleaved_scalar(GgmlType type, const void* packed, int64_t cols, 
       return matmul_scalar_as<BlockQ5_0x8, BlockQ8_0>(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
     case GgmlType::Q8_0:
       return matmul_scalar_as<BlockQ8_0x8, BlockQ8_0>(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
+    case GgmlType::Q4_K:
+      return matmul_q4_k_scalar(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
     case GgmlType::Q6_K:
       return matmul_q6_k_scalar(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
     default: return;
@@ -356,6 +471,9 @@ void matmul_interleaved(GgmlType type, const void* packed, int64_t cols, int64_t
                                            xb, x_stride, x_rows, y, y_stride);
       case GgmlType::Q8_0:
         return kernels::matmul_q8_0x8_avx2(nb, static_cast<const BlockQ8_0x8*>(packed), w_rows,
+                                           xb, x_stride, x_rows, y, y_stride);
+      case GgmlType::Q4_K:
+        return kernels::matmul_q4_kx8_avx2(nb, static_cast<const BlockQ4_Kx8*>(packed), w_rows,
                                            xb, x_stride, x_rows, y, y_stride);
       case GgmlType::Q6_K:
         return kernels::matmul_q6_kx8_avx2(nb, static_cast<const BlockQ6_Kx8*>(packed), w_rows,

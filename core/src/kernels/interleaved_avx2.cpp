@@ -107,6 +107,7 @@ struct NibbleFormat {
   using XBlock = X;
   static constexpr int kOffset = kOff;
   static constexpr bool kHasMin = kMin;
+  static constexpr bool kSubMins = false;
   template <int T>
   static void sums(const Block& b, const XBlock& x0, const XBlock& x1, const XBlock& x2,
                    const XBlock& x3, __m256i& s0, __m256i& s1, __m256i& s2, __m256i& s3) {
@@ -124,6 +125,7 @@ struct Q8_0Format {
   using XBlock = BlockQ8_0;
   static constexpr int kOffset = 0;
   static constexpr bool kHasMin = false;
+  static constexpr bool kSubMins = false;
   template <int T>
   static void sums(const Block& b, const XBlock& x0, const XBlock& x1, const XBlock& x2,
                    const XBlock& x3, __m256i& s0, __m256i& s1, __m256i& s2, __m256i& s3) {
@@ -159,6 +161,7 @@ struct Q6_KFormat {
   using XBlock = BlockQ8_K;
   static constexpr int kOffset = 0;
   static constexpr bool kHasMin = false;
+  static constexpr bool kSubMins = false;
   static __m256i top_bits(__m256i qh, int c) {
     const __m256i m = _mm256_set1_epi8(0x30);
     if (c <= 2) return _mm256_and_si256(_mm256_slli_epi16(qh, 4 - 2 * c), m);
@@ -233,6 +236,43 @@ struct Q6_KFormat {
   }
 };
 
+// Q4_K against Q8_K, per 32-element sub-block s: Q4_0's nibble sums (16 products of at most
+// 15 * 128 fit int16) times the 8 rows' 6-bit scales of s; the mins' term
+// sum(min * (bsum 2s + bsum 2s+1)) in n (each min in the low int16 lane of its row's pair, so
+// vpmaddwd gives min * bsum exactly), scaled by dmin_w d_x in group_pass.
+struct Q4_KFormat {
+  using Block = BlockQ4_Kx8;
+  using XBlock = BlockQ8_K;
+  static constexpr int kOffset = 0;
+  static constexpr bool kHasMin = false;
+  static constexpr bool kSubMins = true;
+  template <int T>
+  static void sums(const Block& b, const XBlock& x0, const XBlock& x1, const XBlock& x2,
+                   const XBlock& x3, __m256i& s0, __m256i& s1, __m256i& s2, __m256i& s3,
+                   __m256i& n0, __m256i& n1, __m256i& n2, __m256i& n3) {
+    s0 = s1 = s2 = s3 = n0 = n1 = n2 = n3 = _mm256_setzero_si256();
+    for (int sb = 0; sb < kQK_K / 32; ++sb) {
+      // Row j's scale and min of sub-block sb in int32 lane j (a min's high int16 half is 0).
+      const __m256i sc =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales[sb])));
+      const __m256i mn =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mins[sb])));
+      __m256i h0, h1, h2, h3;
+      nibble_sums<T, false>(b.qs[sb], nullptr, x0.qs + 32 * sb, x1.qs + 32 * sb, x2.qs + 32 * sb,
+                            x3.qs + 32 * sb, h0, h1, h2, h3);
+#define TESSERA_SUB(s, h, n, x)                                                            \
+      s = _mm256_add_epi32(s, _mm256_mullo_epi32(h, sc));                                  \
+      n = _mm256_add_epi32(n, _mm256_madd_epi16(                                           \
+              mn, _mm256_set1_epi16(static_cast<int16_t>(x.bsums[2 * sb] + x.bsums[2 * sb + 1]))));
+      TESSERA_SUB(s0, h0, n0, x0)
+      if constexpr (T > 1) { TESSERA_SUB(s1, h1, n1, x1) }
+      if constexpr (T > 2) { TESSERA_SUB(s2, h2, n2, x2) }
+      if constexpr (T > 3) { TESSERA_SUB(s3, h3, n3, x3) }
+#undef TESSERA_SUB
+    }
+  }
+};
+
 inline float x_scale(const BlockQ8_0& x) { return _cvtsh_ss(x.d); }
 inline float x_scale(const BlockQ8_1& x) { return _cvtsh_ss(x.d); }
 inline float x_scale(const BlockQ8_K& x) { return x.d; }
@@ -264,13 +304,19 @@ void group_pass(int64_t nb, const typename F::Block* w, const uint8_t* x, size_t
       for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(a + off, _MM_HINT_T0);
     }
     const Block& b = w[ib];
-    __m256i s0, s1, s2, s3;
-    F::template sums<T>(b, x0[ib], x1[ib], x2[ib], x3[ib], s0, s1, s2, s3);
+    __m256i s0, s1, s2, s3, n0, n1, n2, n3;
+    if constexpr (F::kSubMins) {
+      F::template sums<T>(b, x0[ib], x1[ib], x2[ib], x3[ib], s0, s1, s2, s3, n0, n1, n2, n3);
+    } else {
+      F::template sums<T>(b, x0[ib], x1[ib], x2[ib], x3[ib], s0, s1, s2, s3);
+    }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
     __m256 mw = _mm256_setzero_ps();
     if constexpr (F::kHasMin)
       mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.m)));
-#define TESSERA_SCALE(a, acc32, t)                                                       \
+    if constexpr (F::kSubMins)
+      mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin)));
+#define TESSERA_SCALE(a, acc32, t, mins)                                                       \
     {                                                                                    \
       __m256i isum = acc32;                                                              \
       if constexpr (F::kOffset != 0)                                                     \
@@ -278,11 +324,14 @@ void group_pass(int64_t nb, const typename F::Block* w, const uint8_t* x, size_t
       a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(xsc[t].d + ib)),         \
                           _mm256_cvtepi32_ps(isum), a);                                  \
       if constexpr (F::kHasMin) a = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(xsc[t].s + ib), a); \
+      if constexpr (F::kSubMins)                                                         \
+        a = _mm256_fnmadd_ps(_mm256_mul_ps(mw, _mm256_broadcast_ss(xsc[t].d + ib)),      \
+                             _mm256_cvtepi32_ps(mins), a);                               \
     }
-    TESSERA_SCALE(a0, s0, 0)
-    if constexpr (T > 1) TESSERA_SCALE(a1, s1, 1)
-    if constexpr (T > 2) TESSERA_SCALE(a2, s2, 2)
-    if constexpr (T > 3) TESSERA_SCALE(a3, s3, 3)
+    TESSERA_SCALE(a0, s0, 0, n0)
+    if constexpr (T > 1) TESSERA_SCALE(a1, s1, 1, n1)
+    if constexpr (T > 2) TESSERA_SCALE(a2, s2, 2, n2)
+    if constexpr (T > 3) TESSERA_SCALE(a3, s3, 3, n3)
 #undef TESSERA_SCALE
   }
   const __m256 acc[4] = {a0, a1, a2, a3};
@@ -378,6 +427,11 @@ void matmul_q5_0x8_avx2(int64_t nb, const BlockQ5_0x8* w, int64_t w_rows, const 
 void matmul_q8_0x8_avx2(int64_t nb, const BlockQ8_0x8* w, int64_t w_rows, const uint8_t* x,
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
   matmul_x8<Q8_0Format>(nb, w, w_rows, x, x_stride, x_rows, y, y_stride);
+}
+
+void matmul_q4_kx8_avx2(int64_t nb, const BlockQ4_Kx8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
+  matmul_x8<Q4_KFormat>(nb, w, w_rows, x, x_stride, x_rows, y, y_stride);
 }
 
 void matmul_q6_kx8_avx2(int64_t nb, const BlockQ6_Kx8* w, int64_t w_rows, const uint8_t* x,

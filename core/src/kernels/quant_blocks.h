@@ -134,6 +134,19 @@ struct BlockQ6_Kx8 {
 };
 static_assert(sizeof(BlockQ6_Kx8) == 8 * sizeof(BlockQ6_K), "interleaving adds no bytes");
 
+// Super-block b of 8 interleaved Q4_K rows: the rows' fp16 d and dmin, their 6-bit scales and
+// mins unpacked (scales[s][j]: row j's scale of its elements 32 s .. 32 s + 31), and per
+// 32-element sub-block s the quants in Q4_0x8's nibble layout. 32 bytes more than 8 rows of
+// Q4_K (the 6-bit fields of 16 bytes each row unpacked to bytes).
+struct BlockQ4_Kx8 {
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t scales[kQK_K / 32][8];
+  uint8_t mins[kQK_K / 32][8];
+  uint8_t qs[kQK_K / 32][128];
+};
+static_assert(sizeof(BlockQ4_Kx8) == 8 * sizeof(BlockQ4_K) + 32);
+
 // ggml's nearest_int: adding 1.5 * 2^23 leaves round(fval) (to nearest, ties to even, in the
 // default rounding mode) in the low mantissa bits. Valid for |fval| < 2^22. The addition must
 // be a separate float operation (callers include tessera/fp_contract_off.h).
@@ -198,7 +211,9 @@ void matmul_q5_0x8_avx2(int64_t nb, const BlockQ5_0x8* w, int64_t w_rows, const 
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
 void matmul_q8_0x8_avx2(int64_t nb, const BlockQ8_0x8* w, int64_t w_rows, const uint8_t* x,
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
-// Interleaved Q6_K x Q8_K; nb counts 256-element super-blocks.
+// Interleaved Q4_K / Q6_K x Q8_K; nb counts 256-element super-blocks.
+void matmul_q4_kx8_avx2(int64_t nb, const BlockQ4_Kx8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
 void matmul_q6_kx8_avx2(int64_t nb, const BlockQ6_Kx8* w, int64_t w_rows, const uint8_t* x,
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
 
