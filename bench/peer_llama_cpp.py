@@ -10,6 +10,7 @@ benchmarks only; CI never builds it.
   bench/peer_llama_cpp.py latency -r 3          # pp512 / tg128, interleaved peer, tessera, ...
   bench/peer_llama_cpp.py serve --clients 16    # llama-server -np 16 -cb vs tessera serve, alternating rounds
   bench/peer_llama_cpp.py all --write-docs      # both, table into docs/benchmarks.md
+  bench/peer_llama_cpp.py formats -r 3 --write-docs   # pp512 / tg128 per weight format
 
 Every figure in the table comes from this script's own run; ratios are Tessera / llama.cpp.
 """
@@ -60,8 +61,8 @@ def peer_bin(name: str) -> Path:
     return peer_dir() / "build" / "bin" / name
 
 
-def build_peer(jobs: int) -> None:
-    if peer_bin("llama-bench").exists() and peer_bin("llama-server").exists():
+def build_peer(jobs: int, targets: list[str]) -> None:
+    if all(peer_bin(t).exists() for t in targets):
         log(f"peer already built in {peer_dir()}")
         return
     src = peer_dir() / "src"
@@ -80,7 +81,7 @@ def build_peer(jobs: int) -> None:
          "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
          "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON",
          "-DLLAMA_BUILD_SERVER=ON", f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={build / 'bin'}"])
-    run(["cmake", "--build", build, "-j", str(jobs), "--target", "llama-bench", "llama-server"])
+    run(["cmake", "--build", build, "-j", str(jobs), "--target", *targets])
 
 
 # ----------------------------------------------------------------------------- latency
@@ -121,6 +122,90 @@ def measure_latency(args) -> dict:
             rounds["tessera"][k].append(float(last[k]))
     return {"rounds": rounds, "pp_roofline": last["pp_roofline"], "tg_roofline": last["tg_roofline"],
             "machine": last["machine"], "pp": args.pp, "tg": args.tg}
+
+
+# ----------------------------------------------------------------------------- format sweep
+
+FORMATS = ["Q4_1", "Q4_0", "Q8_0", "Q4_K_M", "Q6_K", "Q5_0"]
+
+
+def format_model(args, fmt: str) -> Path:
+    """The default model requantized to `fmt` with the peer's llama-quantize (cached); Q4_1 is
+    the shipped file itself."""
+    if fmt == "Q4_1" and args.model == DEFAULT_MODEL:
+        return args.model
+    out = args.format_dir / f"{args.model.stem.rsplit('.', 1)[0]}.{fmt}.gguf"
+    if not out.exists():
+        args.format_dir.mkdir(parents=True, exist_ok=True)
+        run([peer_bin("llama-quantize"), "--allow-requantize", args.model, out, fmt],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out
+
+
+def format_config(args, model: Path, tmp: Path) -> Path:
+    """The latency stack (--config) with its model swapped for `model`."""
+    path = tmp / f"{model.stem}.yaml"
+    path.write_text(f"extends: {args.config.resolve()}\nmodel: {{path: {model}}}\n")
+    return path
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def measure_formats(args) -> dict:
+    """Per format, --repeats rounds of llama-bench then `tessera bench latency`, back to back
+    (the ratio of neighbouring runs is what survives this machine's drift); the load average
+    is recorded at the start of every round."""
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fmt in args.formats:
+            model = format_model(args, fmt)
+            config = format_config(args, model, Path(tmp))
+            rounds = {"llama.cpp": {"pp": [], "tg": []}, "tessera": {"pp": [], "tg": []}, "load": []}
+            last = None
+            for r in range(args.repeats):
+                rounds["load"].append(loadavg())
+                log(f"{fmt} round {r + 1}/{args.repeats} (load {rounds['load'][-1]})")
+                peer = llama_bench_once(model, args.threads, args.pp, args.tg)
+                last = tessera_bench_once(args.tessera, config, args.pp, args.tg)
+                for k in ("pp", "tg"):
+                    rounds["llama.cpp"][k].append(peer[k])
+                    rounds["tessera"][k].append(float(last[k]))
+            results[fmt] = {"model": str(model), "rounds": rounds, "machine": last["machine"],
+                            "pp_roofline": last["pp_roofline"], "tg_roofline": last["tg_roofline"]}
+    return results
+
+
+def formats_table(res: dict, args) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [f"Measured {stamp} by `bench/peer_llama_cpp.py {' '.join(sys.argv[1:])}` "
+             f"(llama-bench from llama-cpp-python {PEER_VERSION}, GGML_NATIVE, vs `tessera bench "
+             f"latency` on `{display_path(args.config)}` with the model swapped; "
+             f"{args.model.name} requantized with the peer's `llama-quantize --allow-requantize`; "
+             f"{args.threads} threads; {args.repeats} rounds per format, each llama.cpp then "
+             f"Tessera; ratios are of the medians).", ""]
+    lines.append(f"| format | pp{args.pp} llama.cpp t/s | pp{args.pp} Tessera t/s | pp ratio | "
+                 f"tg{args.tg} llama.cpp t/s | tg{args.tg} Tessera t/s | tg ratio | "
+                 "Tessera % of roofline (pp / tg) | load average per round |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for fmt, r in res.items():
+        rr = r["rounds"]
+        cells = [fmt]
+        ratios = []
+        for k in ("pp", "tg"):
+            p, t = rr["llama.cpp"][k], rr["tessera"][k]
+            ratios.append(median(t) / median(p))
+            cells += [f"{median(p):.1f} ({spread(p)})", f"{median(t):.1f} ({spread(t)})",
+                      f"**{ratios[-1]:.2f}×**"]
+        cells.append(f"{100 * median(rr['tessera']['pp']) / r['pp_roofline']:.0f}% / "
+                     f"{100 * median(rr['tessera']['tg']) / r['tg_roofline']:.0f}%")
+        cells.append("; ".join(rr["load"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    m = next(iter(res.values()))["machine"]
+    lines += ["", f"Machine limits measured by `tessera bench latency` in the last round: DRAM read "
+              f"{m['read_bandwidth_gb_s']:.1f} GB/s, FP32 FMA peak {m['fma_peak_gflop_s']:.0f} GFLOP/s."]
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- serving
@@ -289,21 +374,22 @@ def table(lat: dict | None, srv: dict | None, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(text: str) -> None:
+def write_docs(text: str, begin: str = DOCS_BEGIN, end: str = DOCS_END,
+               heading: str = "Side by side with llama.cpp (peer script)") -> None:
     path = ROOT / "docs" / "benchmarks.md"
     doc = path.read_text()
-    block = f"{DOCS_BEGIN}\n{text}{DOCS_END}"
-    if DOCS_BEGIN in doc:
-        doc = re.sub(re.escape(DOCS_BEGIN) + r".*?" + re.escape(DOCS_END), lambda _: block, doc, flags=re.S)
+    block = f"{begin}\n{text}{end}"
+    if begin in doc:
+        doc = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
     else:
-        doc += "\n## Side by side with llama.cpp (peer script)\n\n" + block + "\n"
+        doc += f"\n## {heading}\n\n" + block + "\n"
     path.write_text(doc)
     log(f"updated {path}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["build", "latency", "serve", "all"])
+    ap.add_argument("what", choices=["build", "latency", "serve", "all", "formats"])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--tessera", type=Path, default=ROOT / "build" / "bin" / "tessera")
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-cpu.yaml",
@@ -319,6 +405,10 @@ def main() -> int:
     ap.add_argument("--serve-rounds", type=int, default=None,
                     help="serving rounds, each llama.cpp then Tessera (default: --repeats)")
     ap.add_argument("--out-tokens", type=int, default=128)
+    ap.add_argument("--formats", type=lambda s: s.split(","), default=FORMATS,
+                    help=f"llama-quantize types of the format sweep (default: {','.join(FORMATS)})")
+    ap.add_argument("--format-dir", type=Path, default=CACHE / "formats",
+                    help="where the requantized models are kept")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--write-docs", action="store_true", help="replace the table in docs/benchmarks.md")
@@ -326,13 +416,23 @@ def main() -> int:
     if args.serve_rounds is None:
         args.serve_rounds = args.repeats
 
-    build_peer(args.jobs)
+    # Only what this command runs: the format sweep needs llama-bench and llama-quantize.
+    targets = {"latency": ["llama-bench"], "formats": ["llama-bench", "llama-quantize"],
+               "serve": ["llama-server"]}.get(args.what, ["llama-bench", "llama-server"])
+    build_peer(args.jobs, targets)
     if args.what == "build":
         return 0
     if not args.model.exists():
         sys.exit(f"error: model {args.model} not found (run scripts/fetch-models.sh)")
     if not args.tessera.exists():
         sys.exit(f"error: {args.tessera} not found (run scripts/build.sh)")
+    if args.what == "formats":
+        text = formats_table(measure_formats(args), args)
+        print(text)
+        if args.write_docs:
+            write_docs(text, "<!-- peer-llama-cpp-formats:begin -->", "<!-- peer-llama-cpp-formats:end -->",
+                       "Weight formats side by side with llama.cpp (peer script)")
+        return 0
     lat = measure_latency(args) if args.what in ("latency", "all") else None
     srv = measure_serving(args) if args.what in ("serve", "all") else None
     text = table(lat, srv, args)

@@ -14,6 +14,7 @@
 
 #include "support/test_env.h"
 #include "tessera/ggml_types.h"
+#include "tessera/interleaved.h"
 #include "tessera/plugin_registry.h"
 #include "tessera/sdk.h"
 #include "tessera/thread_pool.h"
@@ -51,6 +52,52 @@ std::vector<uint8_t> random_weight(GgmlType type, int64_t rows, int64_t cols, ui
     REQUIRE(quantize_row(type, f.data(), w.data() + r * row_bytes, cols));
   }
   return w;
+}
+
+// What each output of a matmul of `w` (rows x cols of `type`) with the num_tokens rows of x
+// must be: with the activations converted the way llama.cpp does at run time, vec_dot of each
+// (weight row, activation row) pair, or with `interleaved` the scalar interleaved kernel on
+// the repacked rows.
+std::vector<float> expected_outputs(GgmlType type, const std::vector<uint8_t>& w, int64_t rows,
+                                    int64_t cols, const std::vector<float>& x,
+                                    int64_t num_tokens, bool interleaved) {
+  const GgmlType xt = vec_dot_type(type);
+  const size_t xb = ggml_row_size(xt, cols);
+  const size_t wb = ggml_row_size(type, cols);
+  std::vector<uint8_t> xq(xb * num_tokens);
+  for (int64_t t = 0; t < num_tokens; ++t)
+    REQUIRE(quantize_activation_row(xt, x.data() + t * cols, xq.data() + t * xb, cols));
+  std::vector<float> y(static_cast<size_t>(num_tokens * rows));
+  if (interleaved) {
+    std::vector<uint8_t> packed(interleaved_size(type, rows, cols));
+    interleave_rows(type, w.data(), rows, cols, packed.data());
+    matmul_interleaved_scalar(type, packed.data(), cols, rows, xq.data(), xb, num_tokens, y.data(),
+                              rows);
+    return y;
+  }
+  for (int64_t t = 0; t < num_tokens; ++t)
+    for (int64_t r = 0; r < rows; ++r)
+      y[t * rows + r] = vec_dot(type, cols, w.data() + r * wb, xq.data() + t * xb);
+  return y;
+}
+
+// Each weight alone (Quantizer::matmul) and all of them in one grouped matmul, on `exec`:
+// outputs [0] alone, [1] grouped, per weight.
+std::vector<std::vector<float>> run_alone_and_grouped(
+    Quantizer& quantizer, const std::vector<std::unique_ptr<PreparedWeight>>& prepared,
+    const std::vector<float>& x, int64_t num_tokens, Executor& exec) {
+  std::vector<std::vector<float>> out(2 * prepared.size());
+  std::vector<MatmulTarget> targets;
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    out[2 * i].assign(static_cast<size_t>(num_tokens * prepared[i]->rows()), -1.0f);
+    out[2 * i + 1].assign(out[2 * i].size(), -1.0f);
+    quantizer.matmul(*prepared[i], x.data(), num_tokens, out[2 * i].data(), exec);
+    targets.push_back({prepared[i].get(), out[2 * i + 1].data()});
+  }
+  auto* group = dynamic_cast<GroupedMatmul*>(&quantizer);
+  REQUIRE(group != nullptr);
+  group->matmul_group(std::span<const MatmulTarget>(targets), x.data(), num_tokens, exec);
+  return out;
 }
 
 }  // namespace
@@ -95,39 +142,13 @@ TEST_CASE("quantizer.gguf runs Q4_K, Q6_K, Q5_0 and Q5_1 weights, alone and grou
   std::vector<float> x(static_cast<size_t>(num_tokens * cols));
   for (auto& v : x) v = dist(rng);
 
-  // What each output must be: vec_dot of the weight row and the activation row converted the
-  // way llama.cpp does at run time.
-  auto expected = [&](int i) {
-    const GgmlType xt = vec_dot_type(types[i]);
-    const size_t xb = ggml_row_size(xt, cols);
-    const size_t wb = ggml_row_size(types[i], cols);
-    std::vector<uint8_t> xq(xb * num_tokens);
-    for (int64_t t = 0; t < num_tokens; ++t)
-      REQUIRE(quantize_activation_row(xt, x.data() + t * cols, xq.data() + t * xb, cols));
-    std::vector<float> y(static_cast<size_t>(num_tokens * rows[i]));
-    for (int64_t t = 0; t < num_tokens; ++t)
-      for (int64_t r = 0; r < rows[i]; ++r)
-        y[t * rows[i] + r] = vec_dot(types[i], cols, data[i].data() + r * wb, xq.data() + t * xb);
-    return y;
-  };
-
   ThreadPool exec(1);  // one thread: every range runs on the caller
-  std::vector<std::vector<float>> single(kWeights), grouped(kWeights);
-  for (int i = 0; i < kWeights; ++i) {
-    single[i].assign(static_cast<size_t>(num_tokens * rows[i]), -1.0f);
-    grouped[i].assign(single[i].size(), -1.0f);
-    quantizer->matmul(*prepared[i], x.data(), num_tokens, single[i].data(), exec);
-  }
-  auto* group = dynamic_cast<GroupedMatmul*>(quantizer.get());
-  REQUIRE(group != nullptr);
-  std::vector<MatmulTarget> targets;
-  for (int i = 0; i < kWeights; ++i) targets.push_back({prepared[i].get(), grouped[i].data()});
-  group->matmul_group(std::span<const MatmulTarget>(targets), x.data(), num_tokens, exec);
+  const auto out = run_alone_and_grouped(*quantizer, prepared, x, num_tokens, exec);
   for (int i = 0; i < kWeights; ++i) {
     CAPTURE(ggml_type_name(types[i]));
-    const std::vector<float> want = expected(i);
-    CHECK(std::memcmp(single[i].data(), want.data(), want.size() * sizeof(float)) == 0);
-    CHECK(std::memcmp(grouped[i].data(), want.data(), want.size() * sizeof(float)) == 0);
+    const std::vector<float> want = expected_outputs(types[i], data[i], rows[i], cols, x, num_tokens, false);
+    CHECK(std::memcmp(out[2 * i].data(), want.data(), want.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(out[2 * i + 1].data(), want.data(), want.size() * sizeof(float)) == 0);
     // And the values are real dots, not, e.g., NaN from an unwired type.
     bool finite = true;
     for (float v : want) finite = finite && std::isfinite(v) && v != 0.0f;
@@ -145,4 +166,65 @@ TEST_CASE("quantizer.gguf runs Q4_K, Q6_K, Q5_0 and Q5_1 weights, alone and grou
   REQUIRE(dequantize_row(GgmlType::Q5_0, data[3].data() + 4 * ggml_row_size(GgmlType::Q5_0, cols),
                          ref.data(), cols));
   CHECK(row == ref);
+}
+
+// `layout: interleaved` repacks Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K at load
+// (tessera/interleaved.h): each output equals the scalar interleaved kernel on the
+// repacked rows, alone, grouped with the other types, and split over two threads.
+TEST_CASE("quantizer.gguf layout: interleaved: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K repacked") {
+  PluginRegistry registry;
+  registry.scan_directory(test::plugin_dir());
+  PluginContext ctx{&host_logger(), ""};
+  auto quantizer = registry.create<Quantizer>(
+      "gguf", PluginConfig("gguf", "engine.quantizer", {{"layout", std::string("interleaved")}}), ctx);
+  REQUIRE(quantizer);
+  const int64_t cols = 512;
+  const int64_t num_tokens = 6;
+  constexpr int kWeights = 6;
+  const GgmlType types[kWeights] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+                                    GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
+  const char* formats[kWeights] = {"q4_0x8", "q4_1x8", "q5_0x8", "q8_0x8", "q4_Kx8", "q6_Kx8"};
+  const int64_t rows[kWeights] = {37, 20, 19, 41, 18, 9};
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<std::unique_ptr<PreparedWeight>> prepared;
+  for (int i = 0; i < kWeights; ++i) {
+    data.push_back(random_weight(types[i], rows[i], cols, 200u + i));
+    WeightView view{"w", static_cast<uint32_t>(types[i]), cols, rows[i], data.back().data(),
+                    data.back().size()};
+    std::unique_ptr<PreparedWeight> pw;
+    REQUIRE(quantizer->prepare(view, &pw).is_ok());
+    CAPTURE(ggml_type_name(types[i]));
+    CHECK(std::string(pw->format()) == formats[i]);
+    CHECK(pw->num_bytes() == (has_interleaved_layout(types[i])
+                                  ? interleaved_size(types[i], rows[i], cols)
+                                  : data.back().size()));
+    prepared.push_back(std::move(pw));
+  }
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(num_tokens * cols));
+  for (auto& v : x) v = dist(rng);
+
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    ThreadPool exec(threads);
+    const auto out = run_alone_and_grouped(*quantizer, prepared, x, num_tokens, exec);
+    for (int i = 0; i < kWeights; ++i) {
+      CAPTURE(ggml_type_name(types[i]));
+      const std::vector<float> want = expected_outputs(types[i], data[i], rows[i], cols, x,
+                                                       num_tokens, has_interleaved_layout(types[i]));
+      CHECK(std::memcmp(out[2 * i].data(), want.data(), want.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(out[2 * i + 1].data(), want.data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+
+  // Embedding lookups of a repacked row give the GGUF row's values.
+  std::vector<float> row(cols), ref(cols);
+  for (int i = 0; i < kWeights; ++i) {
+    CAPTURE(ggml_type_name(types[i]));
+    const int64_t r = rows[i] - 1;
+    quantizer->dequantize_row(*prepared[i], r, row.data());
+    REQUIRE(dequantize_row(types[i], data[i].data() + r * ggml_row_size(types[i], cols), ref.data(), cols));
+    CHECK(row == ref);
+  }
 }

@@ -1,4 +1,5 @@
-// Q4_1 weights interleaved 8 rows at a time, and the matmul kernels over that layout.
+// Weights interleaved 8 rows at a time (Q4_1, and Q4_0, Q5_0, Q8_0, Q4_K, Q6_K below), and the
+// matmul kernels over that layout.
 //
 // GGML's row-major Q4_1 blocks are dotted one (row, token) pair at a time: every block pair
 // costs an integer dot, its horizontal reduction, a float conversion and an FMA (ggml's
@@ -21,6 +22,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "tessera/ggml_types.h"
 
 namespace tessera {
 
@@ -50,5 +53,42 @@ void matmul_q4_1_interleaved(const void* packed, int64_t cols, int64_t w_rows, c
 void matmul_q4_1_interleaved_scalar(const void* packed, int64_t cols, int64_t w_rows,
                                     const void* x, size_t x_stride, int64_t x_rows, float* y,
                                     int64_t y_stride);
+
+// ---- Q4_0, Q5_0, Q8_0 (against Q8_0 activations), Q4_K, Q6_K (against Q8_K), and Q4_1
+// through the same entry points.
+//
+// The same idea and the same 8-row groups: a group's block b holds the 8 rows' fp16 scales,
+// then their quants 4 bytes per row at a time (Q5_0 also its fifth bits, reordered; see
+// kernels/quant_blocks.h). The result of each output element is fixed by this order:
+//   acc = 0
+//   for each block b:  isum = sum of v_w * q_x over the 32 elements (exact, int32), v_w the
+//                             weight's signed value (q - 8 for Q4_0, q - 16 for Q5_0, q for Q8_0)
+//                      acc  = fma(d_w * d_x, float(isum), acc)
+// d_x the Q8_0 activation block's fp16 scale. Q6_K the same per 256-element super-block, with
+// isum = sum over its 16 sub-blocks of scale * sum((q - 32) * q_x) (exact) and d_x the Q8_K
+// block's float scale. Q4_K per super-block: isum = sum over its 8 sub-blocks of
+// scale * sum(q * q_x), imin = sum of min * (the sub-block's Q8_K bsums), both exact, and
+//   acc = fma(d_w * d_x, float(isum), acc);  acc = fma(-(dmin_w * d_x), float(imin), acc).
+// ggml sums the same products in the same blocks; only the float rounding differs.
+
+// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K have an interleaved layout.
+bool has_interleaved_layout(GgmlType type);
+// Bytes of one group of 8 rows / of a rows x cols matrix (cols a multiple of the block size).
+size_t interleaved_group_size(GgmlType type, int64_t cols);
+size_t interleaved_size(GgmlType type, int64_t rows, int64_t cols);
+// GGUF rows of `type` -> the interleaved layout (interleaved_size bytes), rows past the end
+// zero; and one row back in GGUF blocks (ggml_row_size(type, cols) bytes).
+void interleave_rows(GgmlType type, const void* src, int64_t rows, int64_t cols, void* dst);
+void deinterleave_row(GgmlType type, const void* packed, int64_t cols, int64_t row, void* dst);
+// As matmul_q4_1_interleaved, for any type with a layout; x holds rows of the type's dot type
+// (vec_dot_type: Q8_1 for Q4_1, Q8_K for Q4_K and Q6_K, Q8_0 for the others). Dispatches to AVX2
+// when the CPU has it.
+void matmul_interleaved(GgmlType type, const void* packed, int64_t cols, int64_t w_rows,
+                        const void* x, size_t x_stride, int64_t x_rows, float* y,
+                        int64_t y_stride);
+// The portable version; bit-identical results.
+void matmul_interleaved_scalar(GgmlType type, const void* packed, int64_t cols, int64_t w_rows,
+                               const void* x, size_t x_stride, int64_t x_rows, float* y,
+                               int64_t y_stride);
 
 }  // namespace tessera

@@ -96,6 +96,57 @@ struct BlockQ4_1x8 {
 };
 static_assert(sizeof(BlockQ4_1x8) == 8 * sizeof(BlockQ4_1), "interleaving adds no bytes");
 
+// Block b of 8 interleaved Q4_0 / Q8_0 rows (tessera/interleaved.h): the rows' scales, then
+// their quants 4 bytes at a time, so byte 32 k + 4 j + i is byte 4 k + i of row j's qs.
+struct BlockQ4_0x8 {
+  uint16_t d[8];
+  uint8_t qs[8 * kQK4_0 / 2];
+};
+static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0), "interleaving adds no bytes");
+
+struct BlockQ8_0x8 {
+  uint16_t d[8];
+  int8_t qs[8 * kQK8_0];
+};
+static_assert(sizeof(BlockQ8_0x8) == 8 * sizeof(BlockQ8_0), "interleaving adds no bytes");
+
+// Q5_0: the quant nibbles as Q4_0x8; the 8 rows' 256 fifth bits reordered so that bit
+// 2 k + h of byte 4 j + i is the fifth bit of element 16 h + 4 k + i of row j, i.e. of the
+// nibble at byte 4 j + i of quant chunk k (h = 0 the low nibble, 1 the high one).
+struct BlockQ5_0x8 {
+  uint16_t d[8];
+  uint8_t qh[32];
+  uint8_t qs[8 * kQK5_0 / 2];
+};
+static_assert(sizeof(BlockQ5_0x8) == 8 * sizeof(BlockQ5_0), "interleaving adds no bytes");
+
+// Super-block b of 8 interleaved Q6_K rows. Each row's 256 6-bit quants q (0..63, value
+// q - 32) sit in 8 groups of 32 elements laid out as Q4_0x8's blocks: the low 4 bits in qs[g]
+// (byte 32 k + 4 j + i: element 4 k + i of group g of row j in the low nibble, 16 + 4 k + i in
+// the high one), the top 2 bits in qh[g], where bits 2 c, 2 c + 1 of byte 32 v + 4 j + i belong
+// to the nibble at byte 4 j + i of chunk k = 2 v + c / 2, half c % 2. scales[s][j]: row j's
+// scale of its 16 elements 16 s .. 16 s + 15.
+struct BlockQ6_Kx8 {
+  uint16_t d[8];
+  int8_t scales[kQK_K / 16][8];
+  uint8_t qs[kQK_K / 32][128];
+  uint8_t qh[kQK_K / 32][64];
+};
+static_assert(sizeof(BlockQ6_Kx8) == 8 * sizeof(BlockQ6_K), "interleaving adds no bytes");
+
+// Super-block b of 8 interleaved Q4_K rows: the rows' fp16 d and dmin, their 6-bit scales and
+// mins unpacked (scales[s][j]: row j's scale of its elements 32 s .. 32 s + 31), and per
+// 32-element sub-block s the quants in Q4_0x8's nibble layout. 32 bytes more than 8 rows of
+// Q4_K (the 6-bit fields of 16 bytes each row unpacked to bytes).
+struct BlockQ4_Kx8 {
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t scales[kQK_K / 32][8];
+  uint8_t mins[kQK_K / 32][8];
+  uint8_t qs[kQK_K / 32][128];
+};
+static_assert(sizeof(BlockQ4_Kx8) == 8 * sizeof(BlockQ4_K) + 32);
+
 // ggml's nearest_int: adding 1.5 * 2^23 leaves round(fval) (to nearest, ties to even, in the
 // default rounding mode) in the low mantissa bits. Valid for |fval| < 2^22. The addition must
 // be a separate float operation (callers include tessera/fp_contract_off.h).
@@ -150,6 +201,20 @@ bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int6
 // Interleaved Q4_1 x Q8_1 (interleaved_avx2.cpp): rows [0, w_rows) of the groups starting
 // at w, against x_rows activation rows; the order of tessera/interleaved.h.
 void matmul_q4_1x8_avx2(int64_t nb, const BlockQ4_1x8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+
+// Interleaved Q4_0 / Q5_0 / Q8_0 x Q8_0 (interleaved_avx2.cpp): as matmul_q4_1x8_avx2,
+// in the order of tessera/interleaved.h.
+void matmul_q4_0x8_avx2(int64_t nb, const BlockQ4_0x8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+void matmul_q5_0x8_avx2(int64_t nb, const BlockQ5_0x8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+void matmul_q8_0x8_avx2(int64_t nb, const BlockQ8_0x8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+// Interleaved Q4_K / Q6_K x Q8_K; nb counts 256-element super-blocks.
+void matmul_q4_kx8_avx2(int64_t nb, const BlockQ4_Kx8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+void matmul_q6_kx8_avx2(int64_t nb, const BlockQ6_Kx8* w, int64_t w_rows, const uint8_t* x,
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
 
 }  // namespace tessera::kernels

@@ -4,9 +4,10 @@
 // K-quants, ...), as llama.cpp does, so logits match.
 //
 // Parameter `layout`: `ggml` (default) keeps every dot in ggml's order, so logits equal
-// llama.cpp's bit for bit; `interleaved` repacks Q4_1 weights 8 rows at a time at load
-// (tessera/interleaved.h) for kernels with about half the instructions per block, whose
-// logits differ from llama.cpp's only by float rounding. Other types are unaffected.
+// llama.cpp's bit for bit; `interleaved` repacks Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K
+// weights 8 rows at a time at load (tessera/interleaved.h) for kernels with about half the
+// instructions per block, whose logits differ from llama.cpp's only by float rounding (the
+// block sums stay exact). Other types (Q5_1, F16, F32) are unaffected.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -36,7 +37,7 @@ class GgufWeight final : public PreparedWeight {
   size_t num_bytes() const override {
     return interleaved_ ? owned_bytes_ : row_bytes_ * static_cast<size_t>(rows_);
   }
-  const char* format() const override { return interleaved_ ? "q4_1x8" : ggml_type_name(type_); }
+  const char* format() const override { return interleaved_ ? interleaved_name(type_) : ggml_type_name(type_); }
 
   GgmlType type() const { return type_; }
   bool interleaved() const { return interleaved_; }
@@ -45,7 +46,7 @@ class GgufWeight final : public PreparedWeight {
   const uint8_t* row(int64_t r) const { return data_ + static_cast<size_t>(r) * row_bytes_; }
   // The interleaved group holding row r, a multiple of kInterleaveRows (interleaved only).
   const uint8_t* group(int64_t r) const {
-    return data_ + static_cast<size_t>(r / kInterleaveRows) * interleaved_q4_1_group_size(cols_);
+    return data_ + static_cast<size_t>(r / kInterleaveRows) * interleaved_group_size(type_, cols_);
   }
 
  private:
@@ -55,7 +56,18 @@ class GgufWeight final : public PreparedWeight {
   const uint8_t* data_;         // the mapped file bytes, or a converted copy in storage_
   std::shared_ptr<const HugeBuffer> storage_;  // the arena chunk holding a converted copy
   size_t owned_bytes_;
-  bool interleaved_;            // Q4_1 in the 8-row interleaved layout
+  bool interleaved_;            // in the 8-row interleaved layout
+
+  static const char* interleaved_name(GgmlType type) {
+    switch (type) {
+      case GgmlType::Q4_0: return "q4_0x8";
+      case GgmlType::Q4_1: return "q4_1x8";
+      case GgmlType::Q5_0: return "q5_0x8";
+      case GgmlType::Q4_K: return "q4_Kx8";
+      case GgmlType::Q6_K: return "q6_Kx8";
+      default: return "q8_0x8";
+    }
+  }
 };
 
 // Output rows per task: enough work per task to amortize scheduling, small enough to balance.
@@ -65,14 +77,15 @@ static_assert(kRowsPerTask % kInterleaveRows == 0);
 
 const ParamSpec kParams[] = {
     {"layout", ParamType::kEnum, "ggml",
-     "ggml: every dot in ggml's order, logits equal llama.cpp's bit for bit; interleaved: Q4_1 "
-     "weights repacked 8 rows at a time at load, faster kernels, logits within float rounding",
+     "ggml: every dot in ggml's order, logits equal llama.cpp's bit for bit; interleaved: Q4_0, "
+     "Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights repacked 8 rows at a time at load, faster kernels, "
+     "logits within float rounding",
      -INFINITY, INFINITY, "ggml|interleaved"},
 };
 
 class GgufQuantizer final : public Quantizer, public GroupedMatmul {
  public:
-  explicit GgufQuantizer(bool interleave_q4_1) : interleave_q4_1_(interleave_q4_1) {}
+  explicit GgufQuantizer(bool interleave) : interleave_(interleave) {}
 
   bool supports(uint32_t ggml_type) const override {
     const auto t = static_cast<GgmlType>(ggml_type);
@@ -100,11 +113,11 @@ class GgufQuantizer final : public Quantizer, public GroupedMatmul {
       *out = std::make_unique<GgufWeight>(GgmlType::F32, w.rows, w.cols, f32, std::move(storage), bytes);
       return Status::ok();
     }
-    if (type == GgmlType::Q4_1 && interleave_q4_1_) {
-      const size_t bytes = interleaved_q4_1_size(w.rows, w.cols);
+    if (interleave_ && has_interleaved_layout(type)) {
+      const size_t bytes = interleaved_size(type, w.rows, w.cols);
       std::shared_ptr<const HugeBuffer> storage;
       uint8_t* packed = arena_allocate(bytes, &storage);
-      interleave_q4_1(w.data, w.rows, w.cols, packed);
+      interleave_rows(type, w.data, w.rows, w.cols, packed);
       *out = std::make_unique<GgufWeight>(type, w.rows, w.cols, packed, std::move(storage), bytes,
                                           true);
       return Status::ok();
@@ -163,8 +176,8 @@ class GgufQuantizer final : public Quantizer, public GroupedMatmul {
         // A tile of weight rows x activation rows per pass: each weight block is unpacked
         // once for several tokens, each activation block loaded once for several rows.
         if (p.weight->interleaved()) {
-          matmul_q4_1_interleaved(p.weight->group(r0), cols, r1 - r0, p.x, p.x_row_bytes,
-                                  num_tokens, p.y + r0, rows);
+          matmul_interleaved(p.weight->type(), p.weight->group(r0), cols, r1 - r0, p.x,
+                             p.x_row_bytes, num_tokens, p.y + r0, rows);
         } else {
           vec_dot_tile(p.weight->type(), cols, p.weight->row(r0), p.weight->row_bytes(), r1 - r0,
                        p.x, p.x_row_bytes, num_tokens, p.y + r0, rows);
@@ -181,7 +194,7 @@ class GgufQuantizer final : public Quantizer, public GroupedMatmul {
       // do not allocate.
       thread_local std::vector<uint8_t> blocks;
       blocks.resize(w.row_bytes());
-      deinterleave_q4_1_row(w.group(0), w.cols(), row, blocks.data());
+      deinterleave_row(w.type(), w.group(0), w.cols(), row, blocks.data());
       tessera::dequantize_row(w.type(), blocks.data(), out, w.cols());
       return;
     }
@@ -231,7 +244,7 @@ class GgufQuantizer final : public Quantizer, public GroupedMatmul {
   static constexpr int64_t kSerialQuantizeElements = 16 * 1536;
   std::vector<uint8_t> activations_[kBuffers];  // quantized inputs, grown on demand
   std::vector<Part> parts_;                     // per-call scratch, capacity kept
-  bool interleave_q4_1_;
+  bool interleave_;  // layout: interleaved
 
   // Converted weights are carved out of 16 MiB chunks on huge pages (a matrix of this model
   // is at most ~0.5 MiB, too small to get a huge page of its own): decode streams all of them
