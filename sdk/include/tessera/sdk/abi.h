@@ -7,6 +7,8 @@
 // ConstraintMatcher; PluginKind::kConstraint appended, so existing kinds keep their values).
 // 2.2 CacheKey::reproducible, CachedResponse::tier, CacheLayer::metrics and CacheMetric (the
 // gateway's cache layers).
+// 2.3 AttentionShape::sliding_window and attention_window_begin (Gemma 3's local layers);
+// Backend::gelu_mul (GeGLU FFN), a virtual with a default, appended after silu_mul.
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -20,7 +22,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 2
+#define TESSERA_SDK_ABI_MINOR 3
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x
