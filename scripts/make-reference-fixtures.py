@@ -9,6 +9,11 @@ The output is committed, so CI needs no llama.cpp.
 
     pip install llama-cpp-python numpy
     scripts/make-reference-fixtures.py [--model FILE.gguf] [--out tests/fixtures/reference]
+    scripts/make-reference-fixtures.py --model ~/.cache/tessera/models/gemma-3-270m-q4_k_m.gguf \
+        --name gemma-3-270m-q4_k_m --prompts gemma --n-ctx 1024 --last-logits-only --threads 1
+
+The llama.cpp build beside a llama-cpp-python source tree serves as well as the wheel:
+LLAMA_CPP_LIB_PATH=<build>/bin PYTHONPATH=<source> (llama_cpp loads libllama.so from there).
 
 Reference settings (recorded in the JSON): KV cache f32 (type_k = type_v = 0), flash attention
 off, 2 threads, n_ctx 2048. With an f32 cache llama.cpp's x86 CPU path and Tessera's gguf
@@ -36,7 +41,22 @@ PROMPTS = [
     ("russian", "Москва — столица России. Население Москвы", False),
     ("code-cpp", "#include <vector>\n\n// Returns the sum of all elements.\nint sum(const std::vector<int>& v) {\n", False),
 ]
+# Gemma 3: its own chat markup, and a prompt longer than its 512-token sliding window so the
+# local layers' window is exercised (the fixture's last-position logits and continuation
+# differ from full attention's).
+LONG_TEXT = "Notes from the lab book.\n" + "".join(
+    f"Line {i}: the square of {i} is {i * i}, and {i} plus {i + 7} is {2 * i + 7}.\n" for i in range(1, 20))
+GEMMA_KEEP = ("plain-en", "code-python", "french-accents", "cjk-emoji", "numbers", "code-cpp")
+GEMMA_PROMPTS = [p for p in PROMPTS if p[0] in GEMMA_KEEP] + [
+    ("chat", "<start_of_turn>user\nWhat is the tallest mountain in the world?<end_of_turn>\n"
+             "<start_of_turn>model\n", True),
+    ("long-window", LONG_TEXT + "Line 20: the square of 20 is", False),
+]
 NUM_GREEDY = 64
+# name: (prompts, greedy tokens per prompt, greedy tokens for "long-window"). Every greedy
+# step re-evaluates the whole sequence, which for Gemma's 262k-vocabulary model on a busy
+# 2-core machine costs seconds: its continuations are 32 tokens (12 for the long prompt).
+PROMPT_SETS = {"smollm2": (PROMPTS, NUM_GREEDY, NUM_GREEDY), "gemma": (GEMMA_PROMPTS, 32, 12)}
 
 
 def main():
@@ -46,31 +66,49 @@ def main():
     ap.add_argument("--model", default=default_model)
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent.parent / "tests/fixtures/reference"))
     ap.add_argument("--name", default="smollm2-135m-instruct-q4_1")
+    ap.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="smollm2")
+    ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="llama.cpp threads (the bits do not depend on it; 1 on a busy machine, where "
+                         "ggml's spinning threads stall)")
+    ap.add_argument("--last-logits-only", action="store_true",
+                    help="logits of the last position only (logits_all off): for large vocabularies")
     args = ap.parse_args()
 
     import llama_cpp
     from llama_cpp import Llama
 
-    llm = Llama(model_path=args.model, n_ctx=2048, n_threads=2, logits_all=True, verbose=False,
-                flash_attn=False, type_k=0, type_v=0)
+    # logits_all keeps n_ctx x vocab floats and computes the output layer for every position;
+    # with Gemma's 262k vocabulary that is most of the time, so only the last position's
+    # logits are asked for (--last-logits-only): the rows before it are computed alike.
+    llm = Llama(model_path=args.model, n_ctx=args.n_ctx, n_threads=args.threads, logits_all=not args.last_logits_only,
+                verbose=False, flash_attn=False, type_k=0, type_v=0)
+
+    def last_logits():
+        if not args.last_logits_only:
+            return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        row = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).astype(np.float32)
+
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     logits_path = out_dir / f"{args.name}.logits.f32"
     records = []
     with open(logits_path, "wb") as logits_file:
-        for name, text, parse_special in PROMPTS:
+        prompts, num_greedy, num_greedy_long = PROMPT_SETS[args.prompts]
+        for name, text, parse_special in prompts:
             ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=parse_special)
             llm.reset()
             llm.eval(ids)
-            last = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            last = last_logits()
             logits_file.write(last.astype("<f4").tobytes())
             # Each next token comes from evaluating the whole sequence as one batch: llama.cpp's
             # one-token decode path takes other kernels (tinyBLAS for Q.K) and rounds
             # differently from its own batch evaluation (measured: up to 0.35 in a logit), while
             # the batch numerics are the same for every position, as Tessera's are.
             greedy = []
-            for _ in range(NUM_GREEDY):
-                token = int(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32).argmax())
+            for _ in range(num_greedy if name != "long-window" else num_greedy_long):
+                token = int(last_logits().argmax())
                 greedy.append(token)
                 llm.reset()
                 llm.eval(ids + greedy)
@@ -86,10 +124,11 @@ def main():
     meta = {
         "model_file": os.path.basename(args.model),
         "reference": f"llama-cpp-python {llama_cpp.__version__}",
-        "settings": {"n_ctx": 2048, "kv_cache": "f32", "flash_attn": False, "n_threads": 2},
+        "settings": {"n_ctx": args.n_ctx, "kv_cache": "f32", "flash_attn": False, "n_threads": args.threads,
+                     "logits_all": not args.last_logits_only},
         "vocab_size": llm.n_vocab(),
         "logits_file": logits_path.name,
-        "num_greedy_tokens": NUM_GREEDY,
+        "num_greedy_tokens": PROMPT_SETS[args.prompts][1],
         "prompts": records,
     }
     (out_dir / f"{args.name}.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")

@@ -1307,6 +1307,7 @@ namespace {
 const std::map<std::string, std::string>& model_aliases() {
   static const std::map<std::string, std::string> aliases = {
       {"smollm2-135m-instruct-q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf"},
+      {"gemma3-270m-q4_k_m", "gemma-3-270m-q4_k_m.gguf"},
   };
   return aliases;
 }

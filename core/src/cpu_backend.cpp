@@ -62,6 +62,16 @@ void CpuBackend::silu_mul(float* gate, const float* up, int64_t n) {
   pool_.run(n, [&](int64_t begin, int64_t end, int) { silu_mul_range(gate, up, begin, end); });
 }
 
+bool CpuBackend::gelu_mul(float* gate, const float* up, int64_t n) {
+  constexpr int64_t kSerialElements = 8192;  // as silu_mul: small inputs stay on this thread
+  if (n <= kSerialElements) {
+    gelu_mul_range(gate, up, 0, n);
+  } else {
+    pool_.run(n, [&](int64_t begin, int64_t end, int) { gelu_mul_range(gate, up, begin, end); });
+  }
+  return true;
+}
+
 void CpuBackend::add(float* inout, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) inout[i] += x[i];
 }

@@ -9,17 +9,31 @@
 namespace tessera {
 namespace {
 
-// What differs between members of the Llama family. Everything else (RMSNorm, GQA, SwiGLU,
-// tied or untied output) is shared.
+// What differs between the supported architectures. Everything else (RMSNorm, GQA, a gated
+// FFN, tied or untied output, optional q/k/v biases) is shared by the one runner.
 struct ArchitectureSpec {
   const char* name;
   bool rope_neox;  // NeoX-style RoPE (rotate halves) instead of adjacent pairs
+  FfnActivation ffn = FfnActivation::kSilu;
+  // Gemma-style: embeddings times sqrt(embedding_dim), q/k norms, post-attention and
+  // post-FFN norms (their tensors are then required).
+  bool gemma_norms = false;
+  // Layers with sliding-window attention when `<arch>.attention.sliding_window` is set: all but
+  // every n-th (llama.cpp's set_swa_pattern(n), n from `attention.sliding_window_pattern`
+  // when present), with RoPE base `rope.freq_base_swa` (default local_rope_base).
+  int32_t sliding_window_pattern = 0;
+  float local_rope_base = 10000.0f;
+  // Chat template family (tessera/chat_template.h) for a GGUF without
+  // tokenizer.chat_template: Gemma 3's files often ship without one.
+  const char* default_chat_template = "";
 };
 
 constexpr ArchitectureSpec kArchitectures[] = {
     {"llama", false},
     {"mistral", false},
     {"qwen2", true},
+    // llama.cpp: src/models/gemma3.cpp (LLM_ARCH_GEMMA3 uses LLAMA_ROPE_TYPE_NEOX).
+    {"gemma3", true, FfnActivation::kGeluTanh, true, 6, 10000.0f, "gemma"},
 };
 
 const ArchitectureSpec* find_architecture(const std::string& name) {
@@ -86,7 +100,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, Quantizer& quantizer
   hp.context_length = static_cast<int32_t>(f.opt_uint(p + "context_length").value_or(2048));
   hp.rms_eps = static_cast<float>(f.opt_float(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   if (hp.num_layers <= 0 || hp.embedding_dim <= 0 || hp.num_heads <= 0 || hp.num_kv_heads <= 0 ||
-      hp.ffn_dim <= 0 || hp.embedding_dim % hp.num_heads != 0 || hp.num_heads % hp.num_kv_heads != 0)
+      hp.ffn_dim <= 0 || hp.num_heads % hp.num_kv_heads != 0 ||
+      (hp.embedding_dim % hp.num_heads != 0 && !f.opt_uint(p + "attention.key_length")))
     fail(f, "inconsistent hyperparameters (layers " + std::to_string(hp.num_layers) + ", embedding " +
                 std::to_string(hp.embedding_dim) + ", heads " + std::to_string(hp.num_heads) +
                 ", kv heads " + std::to_string(hp.num_kv_heads) + ")");
@@ -104,15 +119,36 @@ std::shared_ptr<Model> Model::load(const std::string& path, Quantizer& quantizer
     fail(f, "invalid rope.dimension_count " + std::to_string(hp.rope.rotary_dim));
   if (f.find_tensor("rope_freqs.weight"))
     fail(f, "per-dimension RoPE frequency factors (rope_freqs.weight) are not supported yet");
+  if (auto v = f.opt_uint(p + "attention.value_length"); v && static_cast<int32_t>(*v) != hp.head_dim)
+    fail(f, "attention.value_length " + std::to_string(*v) + " differs from key_length " +
+                std::to_string(hp.head_dim) + " (not supported)");
+  hp.attention_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  hp.ffn_activation = arch->ffn;
+  hp.final_logit_softcap = static_cast<float>(f.opt_float(p + "final_logit_softcapping").value_or(0.0));
+  if (arch->gemma_norms) hp.embedding_scale = std::sqrt(static_cast<float>(hp.embedding_dim));
+  hp.layer_is_local.assign(static_cast<size_t>(hp.num_layers), false);
+  hp.rope_local = hp.rope;
+  if (arch->sliding_window_pattern > 0) {
+    hp.sliding_window = static_cast<int32_t>(f.opt_uint(p + "attention.sliding_window").value_or(0));
+    if (hp.sliding_window > 0) {
+      const int32_t n = static_cast<int32_t>(
+          f.opt_uint(p + "attention.sliding_window_pattern").value_or(arch->sliding_window_pattern));
+      for (int32_t l = 0; l < hp.num_layers; ++l) hp.layer_is_local[l] = n == 0 || l % n < n - 1;
+      hp.rope_local.freq_base =
+          static_cast<float>(f.opt_float(p + "rope.freq_base_swa").value_or(arch->local_rope_base));
+      hp.rope_local.freq_scale = 1.0f;  // llama.cpp's rope_freq_scale_train_swa
+    }
+  }
 
   model->tokenizer_ = Tokenizer::from_gguf(f);
   hp.vocab_size = model->tokenizer_->vocab_size();
-  model->chat_template_ = f.opt_string("tokenizer.chat_template").value_or("");
+  model->chat_template_ = f.opt_string("tokenizer.chat_template").value_or(arch->default_chat_template);
   model->name_ = std::filesystem::path(path).stem().string();
 
   // Count the 2-D weights for progress reporting.
   const bool tied = f.find_tensor("output.weight") == nullptr;
   const size_t total = 1 + (tied ? 0 : 1) + 7 * static_cast<size_t>(hp.num_layers);
+  const bool gemma_norms = hp.extra_norms = arch->gemma_norms;
   size_t done = 0;
   auto prepare = [&](const std::string& name, int64_t cols, int64_t rows) {
     const gguf::TensorInfo& t = f.tensor(name);
@@ -150,6 +186,12 @@ std::shared_ptr<Model> Model::load(const std::string& path, Quantizer& quantizer
     l.bq = load_optional_vector(f, b + "attn_q.bias", q_dim);
     l.bk = load_optional_vector(f, b + "attn_k.bias", kv_dim);
     l.bv = load_optional_vector(f, b + "attn_v.bias", kv_dim);
+    if (gemma_norms) {
+      l.q_norm = load_vector(f, b + "attn_q_norm.weight", hp.head_dim);
+      l.k_norm = load_vector(f, b + "attn_k_norm.weight", hp.head_dim);
+      l.post_attn_norm = load_vector(f, b + "post_attention_norm.weight", d);
+      l.post_ffn_norm = load_vector(f, b + "post_ffw_norm.weight", d);
+    }
     l.w_gate = prepare(b + "ffn_gate.weight", d, hp.ffn_dim);
     l.w_up = prepare(b + "ffn_up.weight", d, hp.ffn_dim);
     l.w_down = prepare(b + "ffn_down.weight", hp.ffn_dim, d);

@@ -18,7 +18,7 @@ ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quanti
   attention_shape_.num_heads = hp.num_heads;
   attention_shape_.num_kv_heads = hp.num_kv_heads;
   attention_shape_.head_dim = hp.head_dim;
-  attention_shape_.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  attention_shape_.scale = hp.attention_scale;
   attention_shape_.block_size = layout.block_size;
   attention_shape_.k_dtype = layout.k_dtype;
   attention_shape_.v_dtype = layout.v_dtype;
@@ -27,6 +27,8 @@ ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quanti
       throw std::runtime_error(std::string("KV dtype ") + kv_dtype_name(t) +
                                " needs head_dim to be a multiple of 32, the model's is " +
                                std::to_string(hp.head_dim));
+  local_attention_shape_ = attention_shape_;
+  local_attention_shape_.sliding_window = hp.sliding_window;
 
   const KvModelShape shape{hp.num_layers, hp.num_kv_heads, hp.head_dim, 0, 0};
   k_block_bytes_ = KvLayout::pool_block_bytes(shape, layout.block_size, layout.k_dtype);
@@ -130,7 +132,10 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
       if (t < 0 || t >= hp.vocab_size)
         return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (0.." +
                                 std::to_string(hp.vocab_size - 1) + ")");
-      quantizer_.dequantize_row(model_.token_embedding(), t, x_.data() + row * d);
+      float* x = x_.data() + row * d;
+      quantizer_.dequantize_row(model_.token_embedding(), t, x);
+      if (hp.embedding_scale != 1.0f)  // Gemma: ggml_scale(inp, sqrtf(n_embd))
+        for (int64_t i = 0; i < d; ++i) x[i] *= hp.embedding_scale;
       const int32_t pos = s.start_position + i;
       positions_[row] = pos;
       slots_[row] = s.block_table[pos / layout_.block_size] * layout_.block_size +
@@ -145,6 +150,7 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
   batch.out = attn_.data();
   for (int32_t l = 0; l < hp.num_layers; ++l) {
     const LayerWeights& w = model_.layers()[l];
+    const bool local = hp.layer_is_local[l];
     backend_.rms_norm(h_.data(), x_.data(), w.attn_norm.data(), num_rows, d, hp.rms_eps);
     const MatmulTarget qkv[] = {{w.wq.get(), q_.data()}, {w.wk.get(), k_.data()},
                                 {w.wv.get(), v_.data()}};
@@ -152,22 +158,38 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
     add_bias(q_.data(), w.bq, num_rows);
     add_bias(k_.data(), w.bk, num_rows);
     add_bias(v_.data(), w.bv, num_rows);
-    backend_.rope(q_.data(), positions_.data(), num_rows, hp.num_heads, hp.rope);
-    backend_.rope(k_.data(), positions_.data(), num_rows, hp.num_kv_heads, hp.rope);
+    if (!w.q_norm.empty()) {  // Gemma: each head normalized before RoPE
+      backend_.rms_norm(q_.data(), q_.data(), w.q_norm.data(), int64_t{num_rows} * hp.num_heads,
+                        hp.head_dim, hp.rms_eps);
+      backend_.rms_norm(k_.data(), k_.data(), w.k_norm.data(), int64_t{num_rows} * hp.num_kv_heads,
+                        hp.head_dim, hp.rms_eps);
+    }
+    const RopeParams& rope = local ? hp.rope_local : hp.rope;
+    backend_.rope(q_.data(), positions_.data(), num_rows, hp.num_heads, rope);
+    backend_.rope(k_.data(), positions_.data(), num_rows, hp.num_kv_heads, rope);
     backend_.store_kv(k_pools_[l], layout_.k_dtype, k_.data(), slots_.data(), num_rows, kv_dim);
     backend_.store_kv(v_pools_[l], layout_.v_dtype, v_.data(), slots_.data(), num_rows, kv_dim);
     batch.k_pool = k_pools_[l];
     batch.v_pool = v_pools_[l];
-    Status st = attention_.forward(attention_shape_, batch, backend_.executor());
+    Status st = attention_.forward(local ? local_attention_shape_ : attention_shape_, batch,
+                                   backend_.executor());
     if (!st.is_ok()) return st;
     matmul(*w.wo, attn_.data(), num_rows, h_.data());
+    post_norm(w.post_attn_norm, num_rows);
     backend_.add(x_.data(), h_.data(), static_cast<int64_t>(num_rows) * d);
 
     backend_.rms_norm(h_.data(), x_.data(), w.ffn_norm.data(), num_rows, d, hp.rms_eps);
     const MatmulTarget gate_up[] = {{w.w_gate.get(), gate_.data()}, {w.w_up.get(), up_.data()}};
     matmul_group(gate_up, h_.data(), num_rows);
-    backend_.silu_mul(gate_.data(), up_.data(), static_cast<int64_t>(num_rows) * hp.ffn_dim);
+    const int64_t ffn_elems = static_cast<int64_t>(num_rows) * hp.ffn_dim;
+    if (hp.ffn_activation == FfnActivation::kSilu) {
+      backend_.silu_mul(gate_.data(), up_.data(), ffn_elems);
+    } else if (!backend_.gelu_mul(gate_.data(), up_.data(), ffn_elems)) {
+      return invalid_argument(std::string("runner: backend ") + backend_.device_name() +
+                              " has no GELU kernel (gelu_mul), which " + hp.architecture + " needs");
+    }
     matmul(*w.w_down, gate_.data(), num_rows, h_.data());
+    post_norm(w.post_ffn_norm, num_rows);
     backend_.add(x_.data(), h_.data(), static_cast<int64_t>(num_rows) * d);
   }
 
@@ -188,7 +210,18 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
   const size_t needed = static_cast<size_t>(num_logit_rows) * hp.vocab_size;
   if (logits->size() < needed) logits->resize(needed);
   matmul(model_.output(), logit_in_.data(), num_logit_rows, logits->data());
+  if (hp.final_logit_softcap > 0) {  // llama.cpp: scale by 1/c, tanh, scale by c
+    const float c = hp.final_logit_softcap;
+    const float inv = 1.0f / c;
+    for (size_t i = 0; i < needed; ++i) (*logits)[i] = std::tanh((*logits)[i] * inv) * c;
+  }
   return Status::ok();
+}
+
+void ModelRunner::post_norm(const std::vector<float>& weight, int32_t num_rows) {
+  if (weight.empty()) return;
+  const ModelHparams& hp = model_.hparams();
+  backend_.rms_norm(h_.data(), h_.data(), weight.data(), num_rows, hp.embedding_dim, hp.rms_eps);
 }
 
 void ModelRunner::copy_blocks(std::span<const BlockCopy> copies) {

@@ -1,5 +1,7 @@
 #include "tessera/model.h"
 
+#include <stdexcept>
+
 namespace tessera {
 namespace {
 
@@ -16,6 +18,12 @@ const float* optional(const std::vector<float>& v) { return v.empty() ? nullptr 
 ForwardModelView Model::forward_view() const {
   const gguf::GgufFile& f = *file_;
   const ModelHparams& hp = hparams_;
+  // The view describes the plain Llama graph; a device runner handed Gemma's would compute
+  // another model without noticing.
+  if (!hp.is_llama_graph())
+    throw std::runtime_error(f.path() + ": device runners run Llama-family graphs only; " +
+                             hp.architecture +
+                             " (GeGLU, extra norms, sliding window) needs engine.backend: {plugin: cpu}");
   ForwardModelView v;
   v.vocab_size = hp.vocab_size;
   v.embedding_dim = hp.embedding_dim;

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "support/real_model.h"
+#include "support/reference_fixtures.h"
 #include "support/test_env.h"
 #include "tessera/config.h"
 #include "tessera/cpu_backend.h"
@@ -26,63 +27,14 @@ using namespace tessera;
 
 namespace {
 
-struct ReferencePrompt {
-  std::string name;
-  std::string text;
-  bool parse_special = false;
-  std::vector<TokenId> prompt_ids;
-  std::vector<TokenId> greedy_ids;
-  std::vector<float> logits;
-};
+using test::LogitDiff;
+using test::ReferencePrompt;
+using test::logit_diff;
+using test::prompt_logits;
+using test::run_all;
 
 std::vector<ReferencePrompt> load_fixtures() {
-  const auto dir = test::source_dir() / "tests/fixtures/reference";
-  std::ifstream meta_in(dir / "smollm2-135m-instruct-q4_1.json");
-  REQUIRE(meta_in.good());
-  const nlohmann::json meta = nlohmann::json::parse(meta_in);
-  const size_t vocab = meta["vocab_size"].get<size_t>();
-  std::ifstream logits_in(dir / meta["logits_file"].get<std::string>(), std::ios::binary);
-  REQUIRE(logits_in.good());
-  std::vector<ReferencePrompt> out;
-  for (const auto& p : meta["prompts"]) {
-    ReferencePrompt r;
-    r.name = p["name"];
-    r.text = p["text"];
-    r.parse_special = p["parse_special"];
-    r.prompt_ids = p["prompt_ids"].get<std::vector<TokenId>>();
-    r.greedy_ids = p["greedy_ids"].get<std::vector<TokenId>>();
-    r.logits.resize(vocab);
-    logits_in.read(reinterpret_cast<char*>(r.logits.data()), vocab * sizeof(float));
-    REQUIRE(logits_in.good());
-    out.push_back(std::move(r));
-  }
-  REQUIRE(out.size() >= 6);
-  return out;
-}
-
-// Largest |logit - llama.cpp's| as a fraction of the range of llama.cpp's logits, and that range.
-struct LogitDiff {
-  double max_abs = 0;
-  double range = 0;
-  double fraction() const { return max_abs / range; }
-};
-
-LogitDiff logit_diff(const std::vector<float>& logits, const ReferencePrompt& f) {
-  LogitDiff d;
-  for (size_t i = 0; i < f.logits.size(); ++i)
-    d.max_abs = std::max(d.max_abs, static_cast<double>(std::fabs(logits[i] - f.logits[i])));
-  const auto [lo, hi] = std::minmax_element(f.logits.begin(), f.logits.end());
-  d.range = *hi - *lo;
-  return d;
-}
-
-// The last-position logits of a fixture prompt, run alone from position 0 in blocks table[...].
-std::vector<float> prompt_logits(ModelRunner& runner, const ReferencePrompt& f,
-                                 const std::vector<int32_t>& table) {
-  RunnerSequence seq{f.prompt_ids.data(), static_cast<int32_t>(f.prompt_ids.size()), 0, table, 1};
-  std::vector<float> logits;
-  REQUIRE(runner.forward({&seq, 1}, &logits).is_ok());
-  return logits;
+  return test::load_reference_fixtures("smollm2-135m-instruct-q4_1");
 }
 
 // The fixtures were made with llama.cpp's KV cache in f32 (see the fixture script); the
@@ -92,48 +44,19 @@ StackConfig load_stack(PluginRegistry& registry, const char* file = "configs/smo
   return load_stack_config((test::source_dir() / file).string(), registry);
 }
 
-// Runs every request to completion and returns the generated ids per request.
-std::vector<std::vector<TokenId>> run_all(Engine& engine, const std::vector<GenerationRequest>& reqs) {
-  std::vector<std::vector<TokenId>> outputs(reqs.size());
-  std::vector<bool> finished(reqs.size(), false);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    GenerationRequest r = reqs[i];
-    r.on_event = [&outputs, &finished, i](const GenerationEvent& ev) {
-      for (const auto& t : ev.tokens) outputs[i].push_back(t.token);
-      if (ev.finished) {
-        CHECK_MESSAGE(ev.error.is_ok(), ev.error.message());
-        finished[i] = true;
-      }
-    };
-    uint64_t id = 0;
-    REQUIRE(engine.submit(std::move(r), &id).is_ok());
-  }
-  engine.run_until_idle();
-  for (size_t i = 0; i < reqs.size(); ++i) CHECK(finished[i]);
-  return outputs;
-}
-
 }  // namespace
 
 TEST_CASE("prompt token ids equal llama.cpp's") {
   if (!test::have_real_model()) return;
-  auto fixtures = load_fixtures();
-  auto file = gguf::GgufFile::open(test::real_model_path());
-  auto tok = Tokenizer::from_gguf(*file);
-  for (const auto& f : fixtures) {
-    INFO("prompt " << f.name);
-    CHECK(tok->encode(f.text, true, f.parse_special) == f.prompt_ids);
-  }
+  test::check_prompt_ids(test::real_model_path(), load_fixtures());
 }
 
 TEST_CASE("last-position logits are close to llama.cpp's") {
   if (!test::have_real_model()) return;
   auto fixtures = load_fixtures();
   PluginRegistry registry;
-  registry.scan_directory(test::plugin_dir());
-  PluginContext ctx{&host_logger(), ""};
-  auto quantizer = registry.create<Quantizer>("gguf", PluginConfig("gguf", "engine.quantizer", {}), ctx);
-  auto attention = registry.create<AttentionKernel>("naive", PluginConfig("naive", "engine.attention", {}), ctx);
+  auto quantizer = test::plugin<Quantizer>(registry, "gguf");
+  auto attention = test::plugin<AttentionKernel>(registry, "naive");
   auto model = Model::load(test::real_model_path(), *quantizer);
   CpuBackend backend(2);
   // 512 token slots in blocks 0..31 in order; f32 like the fixtures, f16 reported beside.
@@ -156,10 +79,7 @@ TEST_CASE("last-position logits are close to llama.cpp's") {
     // Same floats in the same order as llama.cpp's x86 CPU path: expected bit-identical;
     // the issue's bound is 1% of the logit range.
     CHECK(fraction < 0.01);
-    const auto argmax = [](const std::vector<float>& v, size_t n) {
-      return std::max_element(v.begin(), v.begin() + n) - v.begin();
-    };
-    CHECK(argmax(logits, f.logits.size()) == argmax(f.logits, f.logits.size()));
+    CHECK(test::argmax(logits) == test::argmax(f.logits));
   }
   MESSAGE("worst max-abs logit difference: " << 100 * worst_fraction << "% of the logit range (f32 KV cache); "
           << 100 * worst_fraction_f16 << "% with an f16 KV cache");
@@ -206,15 +126,7 @@ TEST_CASE("greedy continuations equal llama.cpp's, batched and alone") {
   auto fixtures = load_fixtures();
   PluginRegistry registry;
   auto engine = build_engine(load_stack(registry), registry);
-  std::vector<GenerationRequest> reqs;
-  for (const auto& f : fixtures) {
-    GenerationRequest r;
-    r.prompt = f.prompt_ids;
-    r.params.temperature = 0;
-    r.params.max_tokens = static_cast<int32_t>(f.greedy_ids.size());
-    r.params.ignore_eos = true;  // the fixtures ignore end-of-generation tokens too
-    reqs.push_back(r);
-  }
+  const std::vector<GenerationRequest> reqs = test::greedy_requests(fixtures);
   const auto batched = run_all(*engine, reqs);
   int identical = 0;
   for (size_t i = 0; i < fixtures.size(); ++i) {

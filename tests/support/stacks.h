@@ -23,16 +23,19 @@ struct Stack {
   std::unique_ptr<Engine> engine;
 };
 
-// Writes configs/smollm2-cpu.yaml with `yaml` (top-level keys, e.g. "engine:\n  kv_cache:
-// ...") merged over it through `extends:`, in scratch folder `name`; returns the file.
-inline std::filesystem::path write_stack_file(const std::string& name, const std::string& yaml) {
+// Writes `base` (the default stack unless given) with `yaml` (top-level keys, e.g.
+// "engine:\n  kv_cache: ...") merged over it through `extends:`, in scratch folder `name`;
+// returns the file.
+inline std::filesystem::path write_stack_file(const std::string& name, const std::string& yaml,
+                                              const std::string& base = "configs/smollm2-cpu.yaml") {
   const auto path = scratch_dir(name) / "stack.yaml";
-  std::ofstream(path) << "extends: " << (source_dir() / "configs/smollm2-cpu.yaml").string() << "\n" << yaml;
+  std::ofstream(path) << "extends: " << (source_dir() / base).string() << "\n" << yaml;
   return path;
 }
 
-inline Stack make_stack(const std::string& name, const std::string& yaml) {
-  const auto path = write_stack_file(name, yaml);
+inline Stack make_stack(const std::string& name, const std::string& yaml,
+                        const std::string& base = "configs/smollm2-cpu.yaml") {
+  const auto path = write_stack_file(name, yaml, base);
   Stack s;
   s.registry = std::make_unique<PluginRegistry>();
   s.registry->scan_directory(plugin_dir());

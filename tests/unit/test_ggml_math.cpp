@@ -134,3 +134,32 @@ TEST_CASE("sum_exp_shifted: both builds give the same bits, close to the double-
   masked[5] = 0.0f;
   CHECK(tessera::sum_exp_shifted(masked.data(), 16, 0.0f) == 1.0);
 }
+
+TEST_CASE("gelu_mul_range: ggml's f16-table GELU (tanh form) times up") {
+  // The table holds f16(gelu(x)) for every half x (checked against libggml-cpu's
+  // ggml_table_gelu_f16: all 65,536 entries equal); here against the formula in double.
+  const auto gelu = [](double x) {
+    return 0.5 * x * (1.0 + std::tanh(0.79788456080286535587989211986876 * x * (1.0 + 0.044715 * x * x)));
+  };
+  std::vector<float> gate, up;
+  for (float x = -12.0f; x <= 12.0f; x += 0.01953125f) {
+    gate.push_back(x);
+    up.push_back(1.5f);
+  }
+  std::vector<float> out = gate;
+  tessera::gelu_mul_range(out.data(), up.data(), 0, static_cast<int64_t>(out.size()));
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const float x = gate[i];
+    CAPTURE(x);
+    if (x <= -10.0f) {
+      CHECK(out[i] == 0.0f);
+    } else if (x >= 10.0f) {
+      CHECK(out[i] == x * 1.5f);
+    } else {
+      // x is rounded to f16 (relative 2^-11) and so is gelu(x): within a few f16 ulps.
+      const double want = gelu(tessera::fp16_to_fp32(tessera::fp32_to_fp16(x))) * 1.5;
+      CHECK(std::fabs(out[i] - want) <= 2e-3 * std::max(1.0, std::fabs(want)));
+      CHECK(out[i] == tessera::fp16_to_fp32(tessera::gelu_f16_table_entry(tessera::fp32_to_fp16(x))) * 1.5f);
+    }
+  }
+}

@@ -26,6 +26,7 @@ class CpuBackend final : public Backend {
   void rope(float* x, const int32_t* positions, int64_t rows, int32_t num_heads,
             const RopeParams& params) override;
   void silu_mul(float* gate, const float* up, int64_t n) override;
+  bool gelu_mul(float* gate, const float* up, int64_t n) override;
   void add(float* inout, const float* x, int64_t n) override;
   void store_kv(void* pool, KvDtype dtype, const float* src, const int32_t* slots, int64_t rows,
                 int64_t row_elems) override;

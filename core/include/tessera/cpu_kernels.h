@@ -12,6 +12,13 @@ namespace tessera {
 void silu_mul_range(float* gate, const float* up, int64_t begin, int64_t end);
 void silu_mul_range_scalar(float* gate, const float* up, int64_t begin, int64_t end);
 
+// gate[i] = gelu(gate[i]) * up[i] for i in [begin, end), GELU in its tanh form evaluated as
+// ggml's CPU build does (GGML_GELU_FP16): gate rounded to f16 and looked up in a table of
+// f16(gelu(x)) over all 65,536 halves; gelu(x) = 0 for x <= -10 and x for x >= 10.
+void gelu_mul_range(float* gate, const float* up, int64_t begin, int64_t end);
+// The table entry for one f16 input (bits): what ggml_table_gelu_f16 holds.
+uint16_t gelu_f16_table_entry(uint16_t half_bits);
+
 // Rotary embedding of rows [begin, end) of x (each num_heads * head_dim floats), as
 // CpuBackend::rope describes.
 struct RopeRowsArgs {

@@ -1,6 +1,7 @@
-// A Llama-family model loaded from GGUF: hyperparameters, tokenizer and weights prepared by
-// the configured quantizer. Architectures are described by a small table (tensor names,
-// metadata prefix, RoPE style), not by forks of the runner.
+// A decoder model loaded from GGUF: hyperparameters, tokenizer and weights prepared by the
+// configured quantizer. Architectures (the Llama family, Gemma 3) are described by a small
+// table in model.cpp (RoPE style, FFN activation, extra norms, embedding scale, sliding-window
+// layers) that fills ModelHparams and LayerWeights; the one runner reads those, not a fork.
 #pragma once
 
 #include <functional>
@@ -16,8 +17,10 @@
 
 namespace tessera {
 
+enum class FfnActivation { kSilu, kGeluTanh };  // SwiGLU (Llama) or GeGLU (Gemma)
+
 struct ModelHparams {
-  std::string architecture;  // "llama", "qwen2", ...
+  std::string architecture;  // "llama", "qwen2", "gemma3", ...
   int32_t vocab_size = 0;
   int32_t embedding_dim = 0;
   int32_t num_layers = 0;
@@ -27,7 +30,23 @@ struct ModelHparams {
   int32_t ffn_dim = 0;
   int32_t context_length = 0;  // trained context
   float rms_eps = 1e-5f;
-  RopeParams rope;
+  RopeParams rope;             // global (full-attention) layers
+  // Gemma 3 (llama.cpp's llm_build_gemma3): embeddings scaled by sqrt(embedding_dim), q/k
+  // RMSNorm per head, RMSNorm after attention and after the FFN, GeGLU, and every layer but
+  // each sliding_window_pattern-th one attending over a window with its own RoPE base.
+  float embedding_scale = 1.0f;        // multiplies the looked-up embedding
+  float attention_scale = 1.0f;        // scale of Q.K: 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar)
+  FfnActivation ffn_activation = FfnActivation::kSilu;
+  int32_t sliding_window = 0;          // tokens a local layer sees (0: no local layers)
+  RopeParams rope_local;               // RoPE of the local layers
+  float final_logit_softcap = 0.0f;    // logits = c * tanh(logits / c) when > 0
+  std::vector<bool> layer_is_local;    // per layer: sliding-window attention
+  bool extra_norms = false;            // q/k, post-attention and post-FFN norms (Gemma)
+  // The plain Llama graph, which ForwardModelView describes to device runners.
+  bool is_llama_graph() const {
+    return ffn_activation == FfnActivation::kSilu && embedding_scale == 1.0f && !extra_norms &&
+           sliding_window == 0 && final_logit_softcap == 0.0f;
+  }
 };
 
 struct LayerWeights {
@@ -35,6 +54,9 @@ struct LayerWeights {
   std::vector<float> ffn_norm;
   std::unique_ptr<PreparedWeight> wq, wk, wv, wo;
   std::vector<float> bq, bk, bv;  // Qwen2-style q/k/v biases; empty when absent
+  // Gemma 3: RMSNorm of each q/k head (head_dim weights), of the attention output and of the
+  // FFN output before they are added to the residual (embedding_dim weights); empty otherwise.
+  std::vector<float> q_norm, k_norm, post_attn_norm, post_ffn_norm;
   std::unique_ptr<PreparedWeight> w_gate, w_up, w_down;
 };
 
@@ -62,7 +84,8 @@ class Model {
   const std::vector<LayerWeights>& layers() const { return layers_; }
   size_t weight_bytes() const { return weight_bytes_; }
   // The model as plain SDK data (raw GGUF weights, norms), for device runners
-  // (ForwardRunnerProvider). Points into this model; valid while it lives.
+  // (ForwardRunnerProvider). Points into this model; valid while it lives. Throws
+  // std::runtime_error for a model that is not the plain Llama graph (hparams.is_llama_graph).
   ForwardModelView forward_view() const;
 
  private:

@@ -44,6 +44,9 @@ class ModelRunner final : public ForwardRunner {
   // Weights that share an input (q/k/v, gate/up): one pass when the quantizer can group them.
   void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t rows);
   void add_bias(float* y, const std::vector<float>& bias, int64_t rows);
+  // h = rms_norm(h, weight) over num_rows rows when the layer has the norm (Gemma's
+  // post-attention and post-FFN norms), before h is added to the residual.
+  void post_norm(const std::vector<float>& weight, int32_t num_rows);
 
   const Model& model_;
   Backend& backend_;
@@ -51,7 +54,8 @@ class ModelRunner final : public ForwardRunner {
   GroupedMatmul* grouped_matmul_ = nullptr;  // the quantizer's capability, when it has it
   AttentionKernel& attention_;
   KvLayout layout_;
-  AttentionShape attention_shape_;
+  AttentionShape attention_shape_;        // global layers
+  AttentionShape local_attention_shape_;  // sliding-window layers (hparams.layer_is_local)
   std::vector<void*> k_pools_, v_pools_;  // one per layer
   size_t kv_pool_bytes_ = 0;
   size_t k_block_bytes_ = 0;              // bytes of one block in one layer's K pool

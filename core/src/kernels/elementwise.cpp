@@ -1,6 +1,9 @@
 // Portable build of the element-wise kernels and their run-time dispatch.
 #include "tessera/fp_contract_off.h"
 
+#include <array>
+#include <cmath>
+
 #include "elementwise_impl.h"
 #include "tessera/ggml_types.h"
 
@@ -19,6 +22,41 @@ void silu_mul_range_scalar(float* gate, const float* up, int64_t begin, int64_t 
 
 void rope_rows_scalar(const RopeRowsArgs& a, int64_t begin, int64_t end) {
   kernels::rope_rows_impl(a, begin, end);
+}
+
+uint16_t gelu_f16_table_entry(uint16_t half_bits) {
+  // ggml_gelu_f32: 0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f + GELU_COEF_A*x*x))), as GCC
+  // compiles it for ggml's -march=native build: the inner 1 + (a*x)*x contracted into an FMA.
+  constexpr float kCoefA = 0.044715f;
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  const float x = fp16_to_fp32(half_bits);
+  const float inner = std::fma(kCoefA * x, x, 1.0f);
+  return fp32_to_fp16(0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * inner)));
+}
+
+namespace {
+const std::array<uint16_t, 65536>& gelu_table() {
+  static const std::array<uint16_t, 65536> table = [] {
+    std::array<uint16_t, 65536> t{};
+    for (uint32_t i = 0; i < t.size(); ++i) t[i] = gelu_f16_table_entry(static_cast<uint16_t>(i));
+    return t;
+  }();
+  return table;
+}
+}  // namespace
+
+void gelu_mul_range(float* gate, const float* up, int64_t begin, int64_t end) {
+  const std::array<uint16_t, 65536>& table = gelu_table();
+  for (int64_t i = begin; i < end; ++i) {
+    const float x = gate[i];
+    if (x <= -10.0f) {
+      gate[i] = 0.0f;
+    } else if (x >= 10.0f) {
+      gate[i] = x * up[i];
+    } else {
+      gate[i] = fp16_to_fp32(table[fp32_to_fp16(x)]) * up[i];
+    }
+  }
 }
 
 void silu_mul_range(float* gate, const float* up, int64_t begin, int64_t end) {

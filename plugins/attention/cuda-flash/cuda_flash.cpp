@@ -37,6 +37,10 @@ class CudaFlashAttention final : public AttentionKernel, public DeviceAttentionK
   // device first (the caller's stream is not known through this interface) and returns when
   // the result is complete.
   Status forward(const AttentionShape& shape, const AttentionBatch& batch, Executor&) override {
+    if (shape.sliding_window > 0)
+      return invalid_argument("cuda-flash: sliding-window attention (sliding_window " +
+                              std::to_string(shape.sliding_window) +
+                              ") is not implemented on the device yet; use attention.flash or attention.naive");
     if (shape.k_dtype != shape.v_dtype || shape.k_dtype == KvDtype::kQ8_0)
       return invalid_argument(std::string("cuda-flash: reads f16 or f32 KV pools with one dtype for K and V, got K ") +
                               kv_dtype_name(shape.k_dtype) + ", V " + kv_dtype_name(shape.v_dtype) +

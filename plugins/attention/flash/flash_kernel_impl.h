@@ -484,7 +484,7 @@ inline void tile_step_group(const float* q, KAt k_at, VAt v_at, int32_t cols, in
 }
 
 // The online softmax of one query position for query heads [hb, he) (row g: q + g * d,
-// o + g * d, m[g], l[g]) over the visible positions [0, kv_end), reading K and V rows of KV
+// o + g * d, m[g], l[g]) over the visible positions [kv_begin, kv_end), reading K and V rows of KV
 // head `kv_head` where they lie in the pools (elements of type T). Tiles outermost, so a
 // tile's K/V rows serve every head while they are in L1. Each head's operations are those of
 // the tiled loop in run_task_impl, in the same order, so the two agree bit for bit. slots
@@ -493,11 +493,11 @@ template <class T>
 inline void attend_heads(const AttentionShape& s, const AttentionBatch& batch,
                          const AttentionSequence& seq, int32_t kv_head, const float* q, float* o,
                          float* m, double* l, float* srow, int64_t* slots, int32_t hb,
-                         int32_t he, int32_t kv_tile, int32_t kv_end) {
+                         int32_t he, int32_t kv_tile, int32_t kv_begin, int32_t kv_end) {
   const int32_t d = s.head_dim;
   const T* k_pool = static_cast<const T*>(batch.k_pool) + static_cast<int64_t>(kv_head) * d;
   const T* v_pool = static_cast<const T*>(batch.v_pool) + static_cast<int64_t>(kv_head) * d;
-  for (int32_t j0 = 0; j0 < kv_end; j0 += kv_tile) {
+  for (int32_t j0 = kv_begin; j0 < kv_end; j0 += kv_tile) {
     const int32_t cols = std::min(j0 + kv_tile, kv_end) - j0;
     const int32_t ahead = std::min(j0 + cols + kPrefetchRows, kv_end) - j0;
     tile_slots(s, seq, j0, j0 + ahead, slots);
@@ -545,6 +545,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   const bool in_place = s.k_dtype == s.v_dtype && s.k_dtype != KvDtype::kQ8_0;
   if (task.kv_head_end > task.kv_head + 1) {
     const int32_t kv_end = seq.context_len;  // one query position: the whole context
+    const int32_t kv_begin = attention_window_begin(s, kv_end - 1);  // or its window
     // A whole decode sequence (one query position, every head of KV heads [kv_head,
     // kv_head_end)): per tile, the K/V rows of all those KV heads are prefetched together
     // (they are contiguous), then each group of query heads runs against its KV head.
@@ -559,7 +560,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
     const auto run = [&](auto element) {
       using T = decltype(element);
       const int32_t kv_heads = task.kv_head_end - task.kv_head;
-      for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
+      for (int32_t j0 = kv_begin; j0 < kv_end; j0 += lay.kv_tile) {
         const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
         tile_slots(s, seq, j0, j1, slots);
         const T* k_pool = static_cast<const T*>(batch.k_pool);
@@ -580,7 +581,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
       }
     };
     if (!in_place) {
-      for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
+      for (int32_t j0 = kv_begin; j0 < kv_end; j0 += lay.kv_tile) {
         const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
         for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
           load_tile(s, s.k_dtype, batch.k_pool, seq, j0, j1, kv, k_tile);
@@ -618,13 +619,19 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   std::fill(l, l + rows, 0.0);
 
   const int32_t kv_end = first_visible_end + task.q_end - 1;  // exclusive, for the last query
+  // A sliding window: query i sees [window_begin(i), its position]; the first query's begin
+  // is the lowest any of them needs.
+  const auto window_begin = [&](int32_t i) {
+    return attention_window_begin(s, first_visible_end - 1 + task.q_begin + i);
+  };
+  const int32_t kv_begin = window_begin(0);
   if (num_q == 1 && in_place) {
     // One query position (decode): nothing would reuse a widened tile, so K and V are read
     // where they lie in the pool, f16 rows widened in registers.
     const auto run = [&](auto element) {
       using T = decltype(element);
       attend_heads<T>(s, batch, seq, task.kv_head, q_tile, o_tile, m, l, srow, slots, hb, he,
-                      lay.kv_tile, kv_end);
+                      lay.kv_tile, kv_begin, kv_end);
     };
     if (half) {
       run(uint16_t{});
@@ -632,21 +639,23 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
       run(float{});
     }
   } else {
-    for (int32_t j0 = 0; j0 < kv_end; j0 += lay.kv_tile) {
+    for (int32_t j0 = kv_begin; j0 < kv_end; j0 += lay.kv_tile) {
       const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
       load_tile(s, s.k_dtype, batch.k_pool, seq, j0, j1, task.kv_head, k_tile);
       load_tile(s, s.v_dtype, batch.v_pool, seq, j0, j1, task.kv_head, v_tile);
-      const auto v_row = [&](int32_t c) -> const float* { return v_tile + static_cast<size_t>(c) * d; };
       for (int32_t i = 0; i < num_q; ++i) {
-        // Causal mask: the visible part of this tile is a prefix of it.
-        const int32_t cols = std::min(j1, first_visible_end + task.q_begin + i) - j0;
+        // Causal mask: the visible part of this tile is a prefix of it; a sliding window
+        // also cuts its front (lo).
+        const int32_t lo = std::max(j0, window_begin(i));
+        const int32_t cols = std::min(j1, first_visible_end + task.q_begin + i) - lo;
         if (cols <= 0) continue;
+        const size_t off = static_cast<size_t>(lo - j0);
         const int32_t r = i * group + hb;  // rows r .. r + (he - hb) are this query's heads
         tile_step_group(
             q_tile + static_cast<size_t>(r) * d,
-            [&](int32_t c) -> const float* { return k_tile + static_cast<size_t>(c) * d; },
-            v_row, cols, d, s.scale, srow, o_tile + static_cast<size_t>(r) * d, m + r, l + r,
-            he - hb);
+            [&](int32_t c) -> const float* { return k_tile + (off + c) * d; },
+            [&](int32_t c) -> const float* { return v_tile + (off + c) * d; }, cols, d, s.scale,
+            srow, o_tile + static_cast<size_t>(r) * d, m + r, l + r, he - hb);
       }
     }
   }

@@ -146,13 +146,14 @@ class NaiveAttention final : public AttentionKernel {
     const bool q_half = s.k_dtype == KvDtype::kF16;
     const bool p_half = s.v_dtype == KvDtype::kF16;
     auto to_half = [](float v) { return fp16_to_fp32(fp32_to_fp16(v)); };
-    // S = scale * Q K^T, causally masked.
+    // S = scale * Q K^T, causally masked (and outside a sliding window: the same -inf, so
+    // the sums and P.V lanes are those of llama.cpp's masked rows).
     for (int32_t j = 0; j < ctx; ++j) {
       load_row(s, batch.k_pool, s.k_dtype, seq, j, kv_head, row);
       for (int32_t i = 0; i < nq; ++i) {
         const int32_t last_visible = ctx - nq + i;
         float* out = scores + static_cast<size_t>(i) * ctx + j;
-        if (j > last_visible) {
+        if (j > last_visible || j < attention_window_begin(s, last_visible)) {
           *out = -std::numeric_limits<float>::infinity();
           continue;
         }

@@ -102,9 +102,12 @@ void run_rows_avx2(const AttentionShape& s, const AttentionBatch& batch,
       const __m256 v = _mm256_loadu_ps(q + k);
       _mm256_storeu_ps(qr + k, q_half ? round_to_half(v) : v);
     }
-    // S = scale * Q K^T over the visible positions.
+    // S = scale * Q K^T over the visible positions; those before a sliding window are masked
+    // like the future ones (-inf, so exactly 0 after the softmax).
     float max = -std::numeric_limits<float>::infinity();
-    for (int32_t j = 0; j <= last; ++j) {
+    const int32_t first = attention_window_begin(s, last);
+    for (int32_t j = 0; j < first; ++j) srow[j] = -std::numeric_limits<float>::infinity();
+    for (int32_t j = first; j <= last; ++j) {
       const float v = dot_four_accumulators(keys + static_cast<size_t>(j) * d, qr, d) * s.scale;
       srow[j] = v;
       max = std::max(max, v);

@@ -177,6 +177,8 @@ std::vector<double> reference(const Problem& p) {
     };
     for (int32_t i = 0; i < seq.num_queries; ++i) {
       const int32_t visible = seq.context_len - seq.num_queries + i + 1;
+      // A sliding window hides positions [0, first) (AttentionShape::sliding_window).
+      const int32_t first = attention_window_begin(s, visible - 1);
       for (int32_t h = 0; h < s.num_heads; ++h) {
         const int32_t kv_head = h / group;
         const float* qf = p.q.data() + (static_cast<size_t>(seq.query_start + i) * s.num_heads + h) * d;
@@ -184,7 +186,7 @@ std::vector<double> reference(const Problem& p) {
           q[k] = s.k_dtype == KvDtype::kF16 ? fp16_to_fp32(fp32_to_fp16(qf[k])) : qf[k];
         scores.assign(visible, 0.0);
         double max = -std::numeric_limits<double>::infinity();
-        for (int32_t j = 0; j < visible; ++j) {
+        for (int32_t j = first; j < visible; ++j) {
           const float* krow = p.k_wide.data() + kv_index(j, kv_head);
           double dot = 0.0;
           for (int32_t k = 0; k < d; ++k) dot += q[k] * krow[k];
@@ -192,9 +194,9 @@ std::vector<double> reference(const Problem& p) {
           max = std::max(max, scores[j]);
         }
         double sum = 0.0;
-        for (double& x : scores) sum += (x = std::exp(x - max));
+        for (int32_t j = first; j < visible; ++j) sum += (scores[j] = std::exp(scores[j] - max));
         double* o = out.data() + (static_cast<size_t>(seq.query_start + i) * s.num_heads + h) * d;
-        for (int32_t j = 0; j < visible; ++j) {
+        for (int32_t j = first; j < visible; ++j) {
           const float* vrow = p.v_wide.data() + kv_index(j, kv_head);
           for (int32_t k = 0; k < d; ++k) o[k] += scores[j] / sum * vrow[k];
         }
@@ -331,6 +333,37 @@ TEST_CASE("attention plugins: peaked softmax, long prompt, many threads") {
   }
 }
 
+TEST_CASE("attention plugins: a sliding window (Gemma 3's local layers) matches the reference") {
+  // Windows shorter than a tile, than a block, than most contexts, and longer than all of
+  // them (= plain causal attention); decodes, chunks and whole prompts in one batch.
+  ThreadPool pool(3);
+  std::mt19937 rng(512);
+  for (int32_t window : {1, 5, 37, 512}) {
+    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16}) {
+      for (int32_t block_size : {1, 16}) {
+        Problem p = make_problem(rng, 4, 1, 64, block_size, dtype, random_batch(rng));
+        p.shape.sliding_window = window;
+        const std::vector<double> want = reference(p);
+        for (const KernelCase& c : kernel_cases()) {
+          CAPTURE(c.plugin);
+          CAPTURE(c.params);
+          CAPTURE(window);
+          CAPTURE(kv_dtype_name(dtype));
+          CAPTURE(block_size);
+          auto kernel = make_kernel(c.plugin, c.params);
+          CHECK(max_abs_diff(run_kernel(*kernel, p, pool), want) <= tolerance(p.shape));
+        }
+      }
+    }
+  }
+  // A window of 5 really hides the rest: the 300-token decode differs from full attention.
+  Problem p = make_problem(rng, 4, 1, 64, 16, KvDtype::kF32, {{300, 1}});
+  auto naive = make_kernel("naive", "{}");
+  const std::vector<float> full = run_kernel(*naive, p, pool);
+  p.shape.sliding_window = 5;
+  CHECK(max_abs_diff(run_kernel(*naive, p, pool), full) > 1e-3);
+}
+
 TEST_CASE("attention plugins: an empty batch is a no-op, and calls can repeat") {
   ThreadPool pool(2);
   std::mt19937 rng(7);
@@ -429,7 +462,8 @@ TEST_CASE("attention.naive: the AVX2 build gives the portable build's bits") {
   for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
     for (int32_t block_size : {1, 16}) {
       for (float q_scale : {3.0f, 40.0f}) {  // 40: probabilities underflow to exactly 0
-        const Problem p = make_problem(rng, 9, 3, 64, block_size, dtype, random_batch(rng), q_scale);
+        Problem p = make_problem(rng, 9, 3, 64, block_size, dtype, random_batch(rng), q_scale);
+        p.shape.sliding_window = block_size == 16 ? 37 : 0;  // and with a sliding window
         const std::vector<float> a = run_kernel(*simd, p, pool);
         const std::vector<float> b = run_kernel(*portable, p, pool);
         CAPTURE(kv_dtype_name(dtype));

@@ -11,6 +11,8 @@
 // a plugin loads and runs a second model through the host (the draft-model drafter). The
 // field is appended, so plugins built against 2.0-2.2 read the context unchanged.
 // 2.4 CacheKey::tenant and CachedResponse::similarity (the semantic cache layer).
+// 2.5 AttentionShape::sliding_window and attention_window_begin (Gemma 3's local layers);
+// Backend::gelu_mul (GeGLU FFN), a virtual with a default, appended after silu_mul.
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -24,7 +26,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 4
+#define TESSERA_SDK_ABI_MINOR 5
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

@@ -1,8 +1,11 @@
 // attention plugins compute causal multi-head attention for a flattened batch of query rows
 // against K/V read through block tables (see kv_cache.h for the pool layout). Grouped-query
-// attention: query head h reads KV head h / (num_heads / num_kv_heads).
+// attention: query head h reads KV head h / (num_heads / num_kv_heads). With a sliding window
+// (AttentionShape::sliding_window, SDK ABI 2.5) a query also ignores keys that are window or
+// more positions behind it (Gemma's local layers; llama.cpp's LLAMA_SWA_TYPE_STANDARD).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -21,11 +24,21 @@ struct AttentionShape {
   int32_t block_size = 0;    // tokens per KV block
   KvDtype k_dtype = KvDtype::kF16;  // how the K pool stores rows (tessera/sdk/types.h)
   KvDtype v_dtype = KvDtype::kF16;  // how the V pool stores rows
+  // 0: causal attention over the whole context. W > 0: the query at position p sees keys at
+  // positions [max(0, p - W + 1), p] only (ABI 2.3). The K/V of older positions stay in the
+  // pool (other layers, prefix caching); the kernel just does not read them.
+  int32_t sliding_window = 0;
 };
+
+// First key position the query at `position` sees (0 without a sliding window).
+inline int32_t attention_window_begin(const AttentionShape& shape, int32_t position) {
+  return shape.sliding_window > 0 ? std::max(0, position - shape.sliding_window + 1) : 0;
+}
 
 // One sequence's share of the batch. Its query rows are q[query_start .. query_start +
 // num_queries); they are the last num_queries of its context_len tokens, whose K/V are
-// already in the pool. Query i attends to positions [0, context_len - num_queries + i].
+// already in the pool. Query i (at position p = context_len - num_queries + i) attends to
+// positions [attention_window_begin(shape, p), p].
 struct AttentionSequence {
   int32_t query_start = 0;
   int32_t num_queries = 0;

@@ -41,6 +41,9 @@ class Backend {
                     const RopeParams& params) = 0;
   // gate[i] = silu(gate[i]) * up[i]
   virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
+  // gate[i] = gelu(gate[i]) * up[i], GELU in its tanh form (Gemma's GeGLU FFN; ABI 2.5).
+  // A backend without the kernel keeps this default, and the runner refuses such models.
+  virtual bool gelu_mul(float* /*gate*/, const float* /*up*/, int64_t /*n*/) { return false; }
   // inout[i] += x[i]
   virtual void add(float* inout, const float* x, int64_t n) = 0;
   // Writes `rows` token vectors (num_kv_heads * head_dim floats each) into a KV pool of
