@@ -25,7 +25,7 @@ struct AttentionShape {
   KvDtype k_dtype = KvDtype::kF16;  // how the K pool stores rows (tessera/sdk/types.h)
   KvDtype v_dtype = KvDtype::kF16;  // how the V pool stores rows
   // 0: causal attention over the whole context. W > 0: the query at position p sees keys at
-  // positions [max(0, p - W + 1), p] only (ABI 2.3). The K/V of older positions stay in the
+  // positions [max(0, p - W + 1), p] only (ABI 2.5). The K/V of older positions stay in the
   // pool (other layers, prefix caching); the kernel just does not read them.
   int32_t sliding_window = 0;
 };
