@@ -7,7 +7,7 @@
   original answer and says at what similarity; another tenant (user or API key), a
   non-reproducible request or an unrelated prompt is not; hits by tier and similarity
   bucket in /metrics;
-- its Redis tier (a real redis-server, as test_gateway.py starts it): an answer stored through
+- its Redis tier (a real redis-server, started by server_harness.Redis): an answer stored through
   one gateway process is a semantic hit (tier=redis) in another; Redis killed -> requests
   still served, errors counted; restarted -> sharing resumes.
 """
@@ -35,11 +35,7 @@ MODEL = "all-MiniLM-L6-v2"
 THRESHOLD = 0.85
 
 
-class Gateway(h.Server):
-    def __init__(self, yaml, name):
-        super().__init__(name=name)
-        with open(self.config, "w") as f:
-            f.write(yaml)
+Gateway = h.Gateway
 
 
 SERVER = None
@@ -189,8 +185,7 @@ class SemanticRedisTier(unittest.TestCase):
         import shutil
         if not shutil.which("redis-server"):
             raise unittest.SkipTest("redis-server is missing (run scripts/install-deps.sh)")
-        from test_gateway import Redis
-        cls.redis = Redis().start()
+        cls.redis = h.Redis().start()
         yaml = f"""extends: {h.DEFAULT_STACK}
 engine: {{kv_cache: {{plugin: paged, memory: 64MiB}}}}
 embedding: {{model: {{path: {MODEL}, threads: 1}}}}
