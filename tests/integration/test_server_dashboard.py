@@ -117,16 +117,22 @@ def labelled(m, family, **want):
     return total
 
 
-def quantile_from_metrics(m, family, q, **want):
-    """Prometheus histogram_quantile over the cumulative buckets of `family` (with the labels
-    `want`) in /metrics."""
+def buckets_of(m, family, want):
+    """[(upper bound, cumulative count)] of histogram `family` with exactly the labels `want`
+    in /metrics, ascending."""
     buckets = []
     for name, v in m.items():
         f, labels = labels_of(name)
         le = labels.pop("le", None)
         if f == family + "_bucket" and le is not None and labels == want:
             buckets.append((math.inf if le == "+Inf" else float(le), v))
-    buckets.sort()
+    return sorted(buckets)
+
+
+def quantile_from_metrics(m, family, q, **want):
+    """Prometheus histogram_quantile over the cumulative buckets of `family` (with the labels
+    `want`) in /metrics."""
+    buckets = buckets_of(m, family, want)
     total = buckets[-1][1]
     if total == 0:
         return None
@@ -144,13 +150,7 @@ def quantile_from_metrics(m, family, q, **want):
 def fraction_from_metrics(m, family, x, **want):
     """The share of `family`'s observations at most x, interpolated in its /metrics buckets
     (the +Inf bucket never counts)."""
-    buckets = []
-    for name, v in m.items():
-        f, labels = labels_of(name)
-        le = labels.pop("le", None)
-        if f == family + "_bucket" and le is not None and labels == want:
-            buckets.append((math.inf if le == "+Inf" else float(le), v))
-    buckets.sort()
+    buckets = buckets_of(m, family, want)
     total = buckets[-1][1]
     within, prev_bound, prev_cum = 0.0, 0.0, 0.0
     for bound, cum in buckets:
