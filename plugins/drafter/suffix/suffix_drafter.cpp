@@ -66,7 +66,8 @@ struct Settings {
 struct Candidate {
   std::vector<TokenId> tokens;
   double score = 0.0;
-  int32_t match_length = 0;
+
+  void clear() { tokens.clear(), score = 0.0; }
 };
 
 // Where one occurrence of the matched suffix continues: text `text`, position `pos`.
@@ -197,7 +198,6 @@ class GlobalCache {
     return out->empty() ? 0 : best;
   }
 
-  int64_t held_tokens() const { return held_; }
 
  private:
   struct Occurrence {
@@ -230,10 +230,8 @@ class SuffixDrafter final : public Drafter {
     for (const DraftRequest& r : requests) {
       SequenceIndex& index = sequences_[r.seq->id];
       index.sync(r.seq->tokens, r.seq->num_prompt_tokens);
-      local_.tokens.clear();
-      local_.score = 0;
-      global_best_.tokens.clear();
-      global_best_.score = 0;
+      local_.clear();
+      global_best_.clear();
       propose_local(index, r.max_drafts, &local_);
       const std::span<const TokenId> suffix = suffix_of(index.text);
       const int32_t gm = global_.match(suffix, s_, &cursors_);
@@ -303,7 +301,6 @@ class SuffixDrafter final : public Drafter {
       cursors_.push_back({&text, *p + 1});
     }
     if (cursors_.empty()) return;
-    out->match_length = best;
     walk(cursors_, budget(best, max_drafts), s_.min_token_prob, out, counts_);
   }
 
