@@ -73,10 +73,27 @@ def main():
                          "ggml's spinning threads stall)")
     ap.add_argument("--last-logits-only", action="store_true",
                     help="logits of the last position only (logits_all off): for large vocabularies")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="load the weights as the file stores them (llama_model_params.use_extra_bufts "
+                         "off): llama.cpp's plain ggml_vec_dot kernels instead of its AVX2 repacked "
+                         "Q4_0 / Q4_K / IQ4_NL GEMMs, which round differently")
     args = ap.parse_args()
 
     import llama_cpp
     from llama_cpp import Llama
+
+    if args.no_repack:
+        # Llama() takes no use_extra_bufts argument; it starts from the library's defaults,
+        # looked up in the llama_cpp.llama_cpp bindings module.
+        import llama_cpp.llama_cpp as bindings
+        library_defaults = bindings.llama_model_default_params
+
+        def defaults_without_repack():
+            params = library_defaults()
+            params.use_extra_bufts = False
+            return params
+
+        bindings.llama_model_default_params = defaults_without_repack
 
     # logits_all keeps n_ctx x vocab floats and computes the output layer for every position;
     # with Gemma's 262k vocabulary that is most of the time, so only the last position's
@@ -125,7 +142,7 @@ def main():
         "model_file": os.path.basename(args.model),
         "reference": f"llama-cpp-python {llama_cpp.__version__}",
         "settings": {"n_ctx": args.n_ctx, "kv_cache": "f32", "flash_attn": False, "n_threads": args.threads,
-                     "logits_all": not args.last_logits_only},
+                     "logits_all": not args.last_logits_only, "repacked_weights": not args.no_repack},
         "vocab_size": llm.n_vocab(),
         "logits_file": logits_path.name,
         "num_greedy_tokens": PROMPT_SETS[args.prompts][1],
