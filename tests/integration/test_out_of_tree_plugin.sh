@@ -51,6 +51,14 @@ grep -q "typical_p" "$scratch/plugins.txt" || fail "typical_p parameter not list
 TESSERA_PLUGIN_PATH=$scratch/plugin-build "$tessera" plugins --kind sampler --json > "$scratch/plugins.json"
 grep -q '"qualified_name": "sampler.typical"' "$scratch/plugins.json" || fail "JSON lacks sampler.typical"
 
+echo "== tessera plugins lists declared capabilities (SDK 2.6)"
+grep -q "capabilities: none" "$scratch/plugins.txt" || fail "the sampler's capabilities are not listed"
+"$tessera" plugins --kind quantizer > "$scratch/quantizers.txt"
+grep -q "capabilities: grouped_matmul" "$scratch/quantizers.txt" || fail "quantizer.gguf's grouped_matmul is not listed"
+"$tessera" plugins --kind quantizer --json > "$scratch/quantizers.json"
+grep -q '"capabilities": \[ *"grouped_matmul"' <(tr -d '\n' < "$scratch/quantizers.json") ||
+  fail "the JSON lacks quantizer.gguf's capabilities"
+
 echo "== tessera config check loads it by name through plugin_paths"
 # The default engine slots need the in-tree plugins, as any real stack does.
 cat > "$scratch/stack.yaml" <<YAML
