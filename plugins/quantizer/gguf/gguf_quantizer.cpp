@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "tessera/ggml_types.h"
-#include "tessera/huge_buffer.h"
-#include "tessera/interleaved.h"
+#include "tessera/sdk/kernels/ggml_types.h"
+#include "tessera/sdk/kernels/huge_buffer.h"
+#include "tessera/sdk/kernels/interleaved.h"
 #include "tessera/sdk.h"
 
 namespace tessera {
