@@ -28,7 +28,10 @@ std::vector<float> embedding_of(const std::string& prompt) {
   std::normal_distribution<float> dist;
   std::vector<float> v(64);
   double norm = 0.0;
-  for (float& x : v) norm += (x = dist(rng)) * x;
+  for (float& x : v) {
+    x = dist(rng);
+    norm += static_cast<double>(x) * x;
+  }
   for (float& x : v) x = static_cast<float>(x / std::sqrt(norm));
   return v;
 }
