@@ -27,6 +27,7 @@ struct WorkItem {
 
 // One thread's buffers, sized for the largest shape seen.
 struct Scratch {
+  std::vector<float> q;       // [group][head_dim] the item's query heads, at the K pool's precision
   std::vector<float> k, v;    // one widened row each
   std::vector<float> acc;     // [group][head_dim] running sums of weight * V
   std::vector<float> max, sum;  // [group] running max score and sum of weights
@@ -43,7 +44,7 @@ class OnlineAttention final : public AttentionKernel {
   // grows with the context length.
   size_t scratch_bytes(const AttentionShape& shape, int32_t max_rows, int32_t) const override {
     const size_t group = shape.num_kv_heads > 0 ? static_cast<size_t>(shape.num_heads / shape.num_kv_heads) : 0;
-    const size_t per_thread = (2 + group) * shape.head_dim * sizeof(float) + 2 * group * sizeof(float);
+    const size_t per_thread = (2 + 2 * group) * shape.head_dim * sizeof(float) + 2 * group * sizeof(float);
     return per_thread + static_cast<size_t>(max_rows) * shape.num_kv_heads * sizeof(WorkItem);
   }
 
@@ -64,6 +65,7 @@ class OnlineAttention final : public AttentionKernel {
     const int32_t group = shape.num_heads / shape.num_kv_heads;
     if (scratch_.size() < static_cast<size_t>(executor.num_threads())) scratch_.resize(executor.num_threads());
     for (Scratch& s : scratch_) {
+      s.q.resize(static_cast<size_t>(group) * shape.head_dim);
       s.k.resize(shape.head_dim);
       s.v.resize(shape.head_dim);
       s.acc.resize(static_cast<size_t>(group) * shape.head_dim);
@@ -83,7 +85,13 @@ class OnlineAttention final : public AttentionKernel {
     const int32_t d = shape.head_dim;
     const int64_t row = seq.query_start + item.query;
     const int32_t position = seq.context_len - seq.num_queries + item.query;
-    const float* q = batch.q + (row * shape.num_heads + static_cast<int64_t>(item.kv_head) * group) * d;
+    const float* q_row = batch.q + (row * shape.num_heads + static_cast<int64_t>(item.kv_head) * group) * d;
+    // Against an f16 K cache, Q is taken at f16 precision too, as the in-tree kernels do (the
+    // cache's precision is part of the attention's semantics; the conformance reference
+    // rounds Q the same way). f32 and q8_0 caches keep Q in f32.
+    for (int64_t e = 0; e < static_cast<int64_t>(group) * d; ++e)
+      s.q[e] = shape.k_dtype == KvDtype::kF16 ? fp16_to_fp32(fp32_to_fp16(q_row[e])) : q_row[e];
+    const float* q = s.q.data();
     std::fill(s.acc.begin(), s.acc.end(), 0.0f);
     std::fill(s.max.begin(), s.max.end(), -std::numeric_limits<float>::infinity());
     std::fill(s.sum.begin(), s.sum.end(), 0.0f);

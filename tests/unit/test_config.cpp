@@ -447,7 +447,7 @@ server: {host: localhost, prot: 80}
                               "expected one of: path, name, threads, context_length"));
   CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
                               "'scheduler'? expected one of: backend, scheduler, kv_cache, "
-                              "attention, quantizer, sampler, drafter, constraint"));
+                              "attention, quantizer, sampler, drafter, constraint, requires"));
   CHECK(has_issue(issues, f + ":5:29: engine.kv_cache: unknown key 'blocksize'; did you mean "
                               "'block_size'? expected one of: plugin, memory, block_size, dtype, "
                               "prefix_caching"));

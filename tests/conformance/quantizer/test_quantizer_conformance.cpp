@@ -63,7 +63,7 @@ TEST_CASE("every quantizer keeps the round trip, matmul and capability contracts
     for (const Format& f : kFormats) {
       if (!q->supports(static_cast<uint32_t>(f.type))) continue;
       ++num_supported;
-      INFO("type " << ggml_type_name(f.type));
+      INFO("type " << std::string(ggml_type_name(f.type)));
       const std::vector<float> w = random_floats(kRows * kCols, 7 + static_cast<uint32_t>(f.type), 0.05f);
       const size_t row_bytes = ggml_row_size(f.type, kCols);
       std::vector<uint8_t> bytes(row_bytes * kRows);
@@ -94,7 +94,7 @@ TEST_CASE("every quantizer keeps the round trip, matmul and capability contracts
           }
         }
       }
-      MESSAGE("quantizer." << name << " " << ggml_type_name(f.type) << ": worst round-trip error "
+      MESSAGE("quantizer." << name << " " << std::string(ggml_type_name(f.type)) << ": worst round-trip error "
                            << worst << " of the block's max (bound " << f.bound << ")");
 
       // matmul against a float dot over the dequantized rows, for 1 and 5 tokens.
