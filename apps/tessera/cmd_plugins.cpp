@@ -109,7 +109,16 @@ nlohmann::json plugin_json(const PluginInfo& info) {
           {"description", m.description ? m.description : ""},
           {"library", info.library_path.empty() ? nlohmann::json(nullptr)
                                                 : nlohmann::json(info.library_path)},
+          {"capabilities", info.capabilities()},
+          {"needs", info.needs()},
           {"params", params}};
+}
+
+// "a, b" or "none".
+std::string join_or_none(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out.empty() ? "none" : out;
 }
 
 void print_plugin(const PluginInfo& info) {
@@ -117,6 +126,8 @@ void print_plugin(const PluginInfo& info) {
   std::printf("  %s %s [%s]\n", info.qualified_name().c_str(), m.version, status_name(m.status));
   if (m.description && *m.description) std::printf("    %s\n", m.description);
   std::printf("    library: %s\n", info.library_path.empty() ? "(built in)" : info.library_path.c_str());
+  std::printf("    capabilities: %s\n", join_or_none(info.capabilities()).c_str());
+  if (!info.needs().empty()) std::printf("    needs: %s\n", join_or_none(info.needs()).c_str());
   if (m.num_params == 0) {
     std::printf("    parameters: none\n");
     return;

@@ -967,8 +967,9 @@ class StackValidator {
     const TreeEntry* engine = root.find("engine");
     if (engine && !check_keys(engine->value, prefix,
                               {"backend", "scheduler", "kv_cache", "attention", "quantizer",
-                               "sampler", "drafter", "constraint"}))
+                               "sampler", "drafter", "constraint", "requires"}))
       return;
+    std::map<PluginKind, Position> slot_positions;  // where each slot was set, for need errors
     for (PluginKind kind : kEngineKinds) {
       const std::string path = prefix + "." + plugin_kind_name(kind);
       const TreeEntry* entry = engine ? engine->value.find(plugin_kind_name(kind)) : nullptr;
@@ -976,6 +977,7 @@ class StackValidator {
         bool off = false;
         auto slot = validate_slot(entry->value, Position{entry->key_file, entry->key_mark}, kind,
                                   path, engine_slot_is_optional(kind), &off);
+        slot_positions[kind] = Position{entry->value.file, entry->value.mark};
         if (slot) (*slots)[kind] = std::move(*slot);
         continue;
       }
@@ -1004,7 +1006,79 @@ class StackValidator {
       slot.plugin = default_name;
       slot.file = top_file_;
       slot.config = PluginConfig(default_name, path, std::move(values));
+      slot_positions[kind] = where;
       (*slots)[kind] = std::move(slot);
+    }
+    check_capabilities(engine, prefix, *slots, slot_positions);
+  }
+
+  // Capabilities (SDK 2.6), before anything is created: each slot's plugin's `needs` and each
+  // `engine.requires` entry ("<kind>.<capability>") must be offered by the plugin in that
+  // kind's slot, or the stack would fail (or silently run another path) only once the model
+  // is loaded.
+  void check_capabilities(const TreeEntry* engine, const std::string& prefix,
+                          const std::map<PluginKind, PluginSlot>& slots,
+                          const std::map<PluginKind, Position>& positions) {
+    // Why `kind`'s slot does not offer `capability`, or "" when it does.
+    auto missing = [&](PluginKind kind, const std::string& capability) -> std::string {
+      const char* kind_name = plugin_kind_name(kind);
+      auto it = slots.find(kind);
+      if (it == slots.end())
+        return std::string("but no ") + kind_name + " is configured (" + prefix + "." + kind_name + ")";
+      const PluginInfo* info = registry_.find(kind, it->second.plugin);
+      if (!info || info->has_capability(capability)) return "";
+      std::string offered;
+      for (const std::string& c : info->capabilities()) offered += (offered.empty() ? "" : ", ") + c;
+      return std::string("which ") + kind_name + " plugin '" + it->second.plugin + "' does not offer (it offers: " +
+             (offered.empty() ? "none" : offered) + ")";
+    };
+    for (const auto& [kind, slot] : slots) {
+      const PluginInfo* info = registry_.find(kind, slot.plugin);
+      if (!info) continue;
+      for (const std::string& need : info->needs()) {
+        size_t dot = need.find('.');
+        PluginKind needed_kind;
+        if (!parse_plugin_kind(need.substr(0, dot), &needed_kind)) continue;  // refused at load
+        const std::string capability = need.substr(dot + 1);
+        std::string why = missing(needed_kind, capability);
+        if (why.empty()) continue;
+        auto pos = positions.find(kind);
+        issues_.add(pos != positions.end() ? pos->second : Position{top_file_, YAML::Mark::null_mark()},
+                    prefix + "." + plugin_kind_name(kind),
+                    std::string(plugin_kind_name(kind)) + " plugin '" + slot.plugin + "' needs capability '" +
+                        capability + "' of the " + plugin_kind_name(needed_kind) + ", " + why);
+      }
+    }
+    const TreeEntry* requires_entry = engine ? engine->value.find("requires") : nullptr;
+    if (!requires_entry) return;
+    const Tree& list = requires_entry->value;
+    const std::string list_path = prefix + ".requires";
+    if (!list.is_sequence()) {
+      issues_.add(list, list_path,
+                  "expected a list of <kind>.<capability>, e.g. [quantizer.grouped_matmul], got " +
+                      describe_got(list));
+      return;
+    }
+    for (size_t i = 0; i < list.items.size(); ++i) {
+      const Tree& item = list.items[i];
+      const std::string path = list_path + "[" + std::to_string(i) + "]";
+      const std::string text = item.is_scalar() ? item.scalar() : "";
+      size_t dot = text.find('.');
+      PluginKind kind;
+      if (dot == std::string::npos || dot + 1 == text.size() ||
+          !parse_plugin_kind(text.substr(0, dot), &kind) ||
+          std::find(std::begin(kEngineKinds), std::end(kEngineKinds), kind) == std::end(kEngineKinds)) {
+        issues_.add(item, path,
+                    "expected <kind>.<capability> with an engine kind (backend, scheduler, kv_cache, attention, "
+                    "quantizer, sampler, drafter, constraint), e.g. quantizer.grouped_matmul, got " +
+                        describe_got(item));
+        continue;
+      }
+      const std::string capability = text.substr(dot + 1);
+      std::string why = missing(kind, capability);
+      if (!why.empty())
+        issues_.add(item, path,
+                    "the stack requires capability '" + capability + "' of the " + plugin_kind_name(kind) + ", " + why);
     }
   }
 

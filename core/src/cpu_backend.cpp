@@ -126,7 +126,9 @@ const PluginManifest* cpu_backend_manifest() {
       kCpuParams,
       sizeof(kCpuParams) / sizeof(kCpuParams[0]),
       &detail::create_plugin<CpuBackend, Backend>,
-      &detail::destroy_plugin<Backend>};
+      &detail::destroy_plugin<Backend>,
+      "",   // capabilities: the core's ModelRunner drives it (no ForwardRunnerProvider)
+      ""};  // needs
   return &manifest;
 }
 

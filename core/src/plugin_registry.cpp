@@ -73,6 +73,24 @@ std::string check_manifest_body(const PluginManifest& m) {
     if (p.type == ParamType::kEnum && (!p.choices || !*p.choices))
       return std::string("enum parameter '") + p.name + "' declares no choices";
   }
+  if (m.header.abi_major == 2 && m.header.abi_minor >= 6) {
+    // A capability is a lowercase identifier; a need names an engine kind and one.
+    auto is_identifier = [](std::string_view s) {
+      return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+      });
+    };
+    for (const std::string& c : split_capability_list(m.capabilities))
+      if (!is_identifier(c))
+        return "capability '" + c + "' is not a lowercase identifier (expected e.g. grouped_matmul)";
+    for (const std::string& n : split_capability_list(m.needs)) {
+      size_t dot = n.find('.');
+      PluginKind kind;
+      if (dot == std::string::npos || !parse_plugin_kind(n.substr(0, dot), &kind) ||
+          !is_identifier(n.substr(dot + 1)))
+        return "need '" + n + "' is not <kind>.<capability> (expected e.g. backend.forward_runner)";
+    }
+  }
   return {};
 }
 
@@ -120,6 +138,43 @@ bool parse_plugin_kind(std::string_view name, PluginKind* kind) {
 
 std::string PluginInfo::qualified_name() const {
   return std::string(plugin_kind_name(kind())) + "." + manifest->name;
+}
+
+std::vector<std::string> split_capability_list(const char* list) {
+  std::vector<std::string> out;
+  if (!list) return out;
+  std::string_view rest(list);
+  while (!rest.empty()) {
+    size_t start = rest.find_first_not_of(' ');
+    if (start == std::string_view::npos) break;
+    rest.remove_prefix(start);
+    size_t end = std::min(rest.find(' '), rest.size());
+    out.emplace_back(rest.substr(0, end));
+    rest.remove_prefix(end);
+  }
+  return out;
+}
+
+// The two fields exist only in manifests of SDK 2.6 and later; reading them from an older
+// library would read past its manifest.
+static bool manifest_has_capabilities(const PluginManifest& m) {
+  return m.header.abi_major > 2 || (m.header.abi_major == 2 && m.header.abi_minor >= 6);
+}
+
+std::vector<std::string> PluginInfo::capabilities() const {
+  return manifest_has_capabilities(*manifest) ? split_capability_list(manifest->capabilities)
+                                              : std::vector<std::string>{};
+}
+
+std::vector<std::string> PluginInfo::needs() const {
+  return manifest_has_capabilities(*manifest) ? split_capability_list(manifest->needs)
+                                              : std::vector<std::string>{};
+}
+
+bool PluginInfo::has_capability(std::string_view capability) const {
+  for (const std::string& c : capabilities())
+    if (c == capability) return true;
+  return false;
 }
 
 Logger& host_logger() {

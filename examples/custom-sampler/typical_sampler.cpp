@@ -3,8 +3,8 @@
 //
 // Instead of keeping the most likely tokens (top-k/top-p), it keeps the tokens whose
 // surprisal -log p is closest to the distribution's entropy H, until they cover `typical_p`
-// of the probability mass, then samples among them. The request's temperature applies first;
-// temperature 0 is greedy, as for every sampler.
+// of the probability mass, then samples among them. The request's temperature, top_k and
+// top_p apply first; temperature 0 is greedy, as for every sampler.
 //
 // Thread-safety: sample/verify only touch the per-sequence SamplerState the engine passes in,
 // so one instance may serve many sequences from the engine's step thread.
@@ -95,23 +95,47 @@ class TypicalSampler final : public Sampler {
     for (float l : logits) sum += std::exp(l * inv_t - max);
     const double log_z = max + std::log(sum);
     std::vector<double> logp(n), prob(n);
-    double entropy = 0;
     for (size_t i = 0; i < n; ++i) {
       logp[i] = logits[i] * inv_t - log_z;
       prob[i] = std::exp(logp[i]);
-      if (prob[i] > 0) entropy -= prob[i] * logp[i];
     }
-    // Most typical first: smallest distance between surprisal and entropy. Distances are
-    // computed once; the sort is the cost that dominates over a 50k-token vocabulary.
-    std::vector<double> distance(n);
-    for (size_t i = 0; i < n; ++i) distance[i] = std::fabs(-logp[i] - entropy);
+    // The request's top_k and top_p apply first, as in llama.cpp's sampler chain (and as the
+    // sampler conformance suite asks of every sampler): typical filtering then works on the
+    // tokens they keep, renormalized.
+    std::vector<TokenId> likely(n);
+    std::iota(likely.begin(), likely.end(), 0);
+    std::stable_sort(likely.begin(), likely.end(), [&](TokenId a, TokenId b) { return prob[a] > prob[b]; });
+    size_t num_kept = n;
+    if (params.top_k > 0) num_kept = std::min(num_kept, static_cast<size_t>(params.top_k));
+    if (params.top_p < 1.0f) {
+      // The smallest set of most likely tokens whose mass reaches top_p.
+      double nucleus = 0;
+      size_t i = 0;
+      while (i < num_kept && nucleus < params.top_p) nucleus += prob[likely[i++]];
+      num_kept = std::max<size_t>(i, 1);
+    }
+    double kept_mass = 0;
+    for (size_t i = 0; i < num_kept; ++i) kept_mass += prob[likely[i]];
+    for (size_t i = num_kept; i < n; ++i) prob[likely[i]] = 0;
+    double entropy = 0;
+    for (size_t i = 0; i < num_kept; ++i) {
+      const TokenId t = likely[i];
+      prob[t] /= kept_mass;
+      logp[t] = std::log(prob[t]);
+      if (prob[t] > 0) entropy -= prob[t] * logp[t];
+    }
+    // Most typical first: smallest distance between surprisal and entropy (tokens cut above
+    // last). Distances are computed once; the sort is the cost that dominates over a
+    // 50k-token vocabulary.
+    std::vector<double> distance(n, INFINITY);
+    for (size_t i = 0; i < num_kept; ++i) distance[likely[i]] = std::fabs(-logp[likely[i]] - entropy);
     std::vector<TokenId> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(),
               [&](TokenId a, TokenId b) { return distance[a] < distance[b]; });
     size_t keep = 0;
     double mass = 0;
-    while (keep < n && (mass < typical_p_ || keep < static_cast<size_t>(min_keep_))) {
+    while (keep < num_kept && (mass < typical_p_ || keep < static_cast<size_t>(min_keep_))) {
       mass += prob[order[keep]];
       ++keep;
     }

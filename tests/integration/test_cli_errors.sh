@@ -54,6 +54,22 @@ engine:
   sampler: {plugin: static}
 YAML
 expect_error "plugin of the wrong kind" "is a scheduler, not a sampler" "$bin" generate --config wrong-kind.yaml --prompt hi
+# A capability the stack requires and its plugin lacks: refused while the config is checked,
+# before the model loads, naming the plugin and the capability.
+cat >missing-capability.yaml <<YAML
+extends: $base
+engine:
+  requires: [sampler.grouped_matmul]
+YAML
+expect_error "missing capability" "engine.requires[0]: the stack requires capability 'grouped_matmul' of the sampler, which sampler plugin 'standard' does not offer (it offers: none)" "$bin" generate --config missing-capability.yaml --prompt hi
+# `config check` lists each problem on its own line, then a summary.
+if "$bin" config check missing-capability.yaml >check.txt 2>&1; then
+  fail "missing capability (config check): accepted"
+elif grep -qF "missing-capability.yaml:3:14: engine.requires[0]: the stack requires capability 'grouped_matmul' of the sampler, which sampler plugin 'standard' does not offer (it offers: none)" check.txt; then
+  pass "missing capability (config check)"
+else
+  fail "missing capability (config check): $(cat check.txt)"
+fi
 cat >abi-mismatch.yaml <<YAML
 extends: $base
 plugin_paths: [$TESSERA_TEST_PLUGIN_DIR]

@@ -51,6 +51,21 @@ grep -q "typical_p" "$scratch/plugins.txt" || fail "typical_p parameter not list
 TESSERA_PLUGIN_PATH=$scratch/plugin-build "$tessera" plugins --kind sampler --json > "$scratch/plugins.json"
 grep -q '"qualified_name": "sampler.typical"' "$scratch/plugins.json" || fail "JSON lacks sampler.typical"
 
+echo "== the sampler conformance suite passes on it, found through TESSERA_PLUGIN_PATH"
+suite=$build/tests/conformance_test_sampler_conformance
+if [[ -x $suite ]]; then
+  TESSERA_PLUGIN_PATH=$scratch/plugin-build "$suite" > "$scratch/conformance.txt" 2>&1 ||
+    { tail -n 40 "$scratch/conformance.txt"; fail "sampler.typical failed the sampler conformance suite"; }
+fi
+
+echo "== tessera plugins lists declared capabilities (SDK 2.6)"
+grep -q "capabilities: none" "$scratch/plugins.txt" || fail "the sampler's capabilities are not listed"
+"$tessera" plugins --kind quantizer > "$scratch/quantizers.txt"
+grep -q "capabilities: grouped_matmul" "$scratch/quantizers.txt" || fail "quantizer.gguf's grouped_matmul is not listed"
+"$tessera" plugins --kind quantizer --json > "$scratch/quantizers.json"
+grep -q '"capabilities": \[ *"grouped_matmul"' <(tr -d '\n' < "$scratch/quantizers.json") ||
+  fail "the JSON lacks quantizer.gguf's capabilities"
+
 echo "== tessera config check loads it by name through plugin_paths"
 # The default engine slots need the in-tree plugins, as any real stack does.
 cat > "$scratch/stack.yaml" <<YAML

@@ -447,7 +447,7 @@ server: {host: localhost, prot: 80}
                               "expected one of: path, name, threads, context_length"));
   CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
                               "'scheduler'? expected one of: backend, scheduler, kv_cache, "
-                              "attention, quantizer, sampler, drafter, constraint"));
+                              "attention, quantizer, sampler, drafter, constraint, requires"));
   CHECK(has_issue(issues, f + ":5:29: engine.kv_cache: unknown key 'blocksize'; did you mean "
                               "'block_size'? expected one of: plugin, memory, block_size, dtype, "
                               "prefix_caching"));
@@ -907,4 +907,61 @@ TEST_CASE("embedding: a model directory by path or cache name; a missing one nam
   CHECK(issues[1].to_string().find("embedding.max_inputs: expected an integer in [1, 65536], got 0") !=
         std::string::npos);
   unsetenv("TESSERA_MODEL_DIR");
+}
+
+TEST_CASE("capabilities: a slot's needs and engine.requires are checked before anything is created") {
+  // As cuda-flash and backend.cuda declare themselves: each needs the other's capability.
+  static const PluginManifest device_attention = {
+      STUB_HEADER, PluginKind::kAttention, "device-flash", "1.0.0", "stub", PluginStatus::kStable,
+      nullptr, 0, &create_stub, &destroy_stub, "device_attention", "backend.forward_runner"};
+  static const PluginManifest device_backend = {
+      STUB_HEADER, PluginKind::kBackend, "device", "1.0.0", "stub", PluginStatus::kStable,
+      nullptr, 0, &create_stub, &destroy_stub, "forward_runner", "attention.device_attention"};
+  auto registry = make_registry();
+  registry->add_builtin(&device_attention);
+  registry->add_builtin(&device_backend);
+  auto dir = test::scratch_dir("config-capabilities");
+
+  // The device kernel with the default (CPU) backend: refused, naming both plugins and the capability.
+  auto file = write_file(dir / "attention-only.yaml",
+                         "model: {path: m.gguf}\nengine:\n  attention: {plugin: device-flash}\n");
+  check_single(load_errors(file, *registry),
+               file.string() + ":3:14: engine.attention: attention plugin 'device-flash' needs capability "
+                               "'forward_runner' of the backend, which backend plugin 'cpu' does not offer "
+                               "(it offers: none)");
+  // The device backend with the default (host) attention kernel.
+  file = write_file(dir / "backend-only.yaml",
+                    "model: {path: m.gguf}\nengine:\n  backend: {plugin: device}\n");
+  check_single(load_errors(file, *registry),
+               file.string() + ":3:12: engine.backend: backend plugin 'device' needs capability "
+                               "'device_attention' of the attention, which attention plugin 'naive' does not "
+                               "offer (it offers: none)");
+  // Both: accepted.
+  file = write_file(dir / "both.yaml",
+                    "model: {path: m.gguf}\nengine:\n  backend: {plugin: device}\n"
+                    "  attention: {plugin: device-flash}\n  requires: [backend.forward_runner]\n");
+  auto config = load_stack_config(file.string(), *registry);
+  CHECK(config.engine.at(PluginKind::kBackend).plugin == "device");
+
+  // engine.requires: the stub quantizer 'gguf' declares nothing; an unset drafter; bad entries.
+  file = write_file(dir / "requires.yaml",
+                    "model: {path: m.gguf}\nengine:\n  requires: [quantizer.grouped_matmul, drafter.x, "
+                    "grouped_matmul, gateway.x, [1]]\n");
+  auto issues = load_errors(file, *registry);
+  INFO(dump(issues));
+  CHECK(issues.size() == 5);
+  CHECK(has_issue(issues, file.string() + ":3:14: engine.requires[0]: the stack requires capability "
+                                          "'grouped_matmul' of the quantizer, which quantizer plugin 'gguf' "
+                                          "does not offer (it offers: none)"));
+  CHECK(has_issue(issues, file.string() + ":3:40: engine.requires[1]: the stack requires capability 'x' of "
+                                          "the drafter, but no drafter is configured (engine.drafter)"));
+  const std::string expected_format =
+      ": expected <kind>.<capability> with an engine kind (backend, scheduler, kv_cache, attention, "
+      "quantizer, sampler, drafter, constraint), e.g. quantizer.grouped_matmul, got ";
+  CHECK(has_issue(issues, file.string() + ":3:51: engine.requires[2]" + expected_format + "\"grouped_matmul\""));
+  CHECK(has_issue(issues, file.string() + ":3:67: engine.requires[3]" + expected_format + "\"gateway.x\""));
+  file = write_file(dir / "requires-map.yaml", "model: {path: m.gguf}\nengine:\n  requires: {a: b}\n");
+  check_single(load_errors(file, *registry),
+               file.string() + ":3:13: engine.requires: expected a list of <kind>.<capability>, e.g. "
+                               "[quantizer.grouped_matmul], got a mapping");
 }

@@ -261,3 +261,48 @@ TEST_CASE("host_logger forwards to spdlog and never throws") {
   logger.log(LogLevel::kDebug, "host_logger test message");
   CHECK(logger.enabled(LogLevel::kError));
 }
+
+TEST_CASE("manifest capabilities (SDK 2.6): listed from 2.6 manifests, ignored before, checked") {
+  const PluginManifest with_capabilities = {
+      {kPluginMagic, kSdkAbiMajor, kSdkAbiMinor, 0, kSdkToolchain},
+      PluginKind::kAttention, "device", "1.0.0", "stub", PluginStatus::kStable, nullptr, 0,
+      &create_nothing, &destroy_nothing, " device_attention  fast_path ", "backend.forward_runner"};
+  PluginRegistry registry;
+  registry.add_builtin(&with_capabilities);
+  const PluginInfo* info = registry.find(PluginKind::kAttention, "device");
+  REQUIRE(info != nullptr);
+  CHECK(info->capabilities() == std::vector<std::string>{"device_attention", "fast_path"});
+  CHECK(info->needs() == std::vector<std::string>{"backend.forward_runner"});
+  CHECK(info->has_capability("fast_path"));
+  CHECK_FALSE(info->has_capability("fast"));
+  // The built-in CPU backend declares none (the core's ModelRunner drives it).
+  const PluginInfo* cpu = registry.find(PluginKind::kBackend, "cpu");
+  REQUIRE(cpu != nullptr);
+  CHECK(cpu->capabilities().empty());
+
+  // A 2.5 manifest has no such fields: the registry must not read them.
+  PluginManifest old = with_capabilities;
+  old.header.abi_minor = 5;
+  old.name = "old";
+  registry.add_builtin(&old);
+  CHECK(registry.find(PluginKind::kAttention, "old")->capabilities().empty());
+  CHECK(registry.find(PluginKind::kAttention, "old")->needs().empty());
+
+  // Malformed lists are refused with what was expected.
+  PluginManifest bad = with_capabilities;
+  bad.name = "bad-capability";
+  bad.capabilities = "Grouped-Matmul";
+  CHECK_THROWS_WITH_AS(registry.add_builtin(&bad),
+                       doctest::Contains("capability 'Grouped-Matmul' is not a lowercase identifier "
+                                         "(expected e.g. grouped_matmul)"),
+                       PluginError);
+  bad.name = "bad-need";
+  bad.capabilities = "";
+  bad.needs = "engine.forward_runner";
+  CHECK_THROWS_WITH_AS(registry.add_builtin(&bad),
+                       doctest::Contains("need 'engine.forward_runner' is not <kind>.<capability> "
+                                         "(expected e.g. backend.forward_runner)"),
+                       PluginError);
+  CHECK(split_capability_list(nullptr).empty());
+  CHECK(split_capability_list("   ").empty());
+}

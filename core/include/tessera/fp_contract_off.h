@@ -1,11 +1,4 @@
-// Include first in a translation unit whose float arithmetic must run exactly as written:
-// the compiler may not fuse a * b + c into one FMA on its own (C++ compilers do by default,
-// ggml's C build does not), so every rounding step is the one the source — and the reference
-// it matches — names. Explicit fma()/_mm256_fmadd_ps calls still fuse.
+// Moved to the SDK's kernel helpers (tessera/sdk/kernels/fp_contract_off.h); this path stays so
+// that code written against it still compiles. New code includes the SDK path.
 #pragma once
-
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "tessera/sdk/kernels/fp_contract_off.h"

@@ -33,7 +33,15 @@ struct PluginInfo {
   PluginKind kind() const { return manifest->kind; }
   std::string name() const { return manifest->name; }
   std::string qualified_name() const;         // "kind.name", e.g. "sampler.standard"
+  // The manifest's declared capabilities ("grouped_matmul", ...) and needs
+  // ("backend.forward_runner", ...); empty for a library built against SDK < 2.6.
+  std::vector<std::string> capabilities() const;
+  std::vector<std::string> needs() const;
+  bool has_capability(std::string_view capability) const;
 };
+
+// Splits a manifest's space-separated capability list (null: none).
+std::vector<std::string> split_capability_list(const char* list);
 
 // A library that was found but refused (bad ABI, missing symbol, dlopen failure).
 struct PluginLoadError {

@@ -1,11 +1,11 @@
 // Portable build of the element-wise kernels and their run-time dispatch.
-#include "tessera/fp_contract_off.h"
+#include "tessera/sdk/kernels/fp_contract_off.h"
 
 #include <array>
 #include <cmath>
 
 #include "elementwise_impl.h"
-#include "tessera/ggml_types.h"
+#include "tessera/sdk/kernels/ggml_types.h"
 
 namespace tessera {
 

@@ -1,12 +1,12 @@
 // AVX2/FMA build of the element-wise kernels (see elementwise_impl.h). Only called after
 // cpu_has_avx2(). Contraction stays off: every FMA here is one the portable build also does.
 #if defined(__x86_64__) || defined(__i386__)
-#include "tessera/fp_contract_off.h"
+#include "tessera/sdk/kernels/fp_contract_off.h"
 
 #include <immintrin.h>
 
 #include "elementwise_impl.h"
-#include "tessera/ggml_types.h"
+#include "tessera/sdk/kernels/ggml_types.h"
 
 namespace tessera::kernels {
 

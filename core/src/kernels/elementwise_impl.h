@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "tessera/cpu_kernels.h"
-#include "tessera/ggml_simd.h"
+#include "tessera/sdk/kernels/cpu_kernels.h"
+#include "tessera/sdk/kernels/ggml_simd.h"
 
 namespace tessera::kernels {
 

@@ -10,10 +10,10 @@
 
 
 // Products and sums must round exactly as written, like the vector code they mirror.
-#include "tessera/fp_contract_off.h"
+#include "tessera/sdk/kernels/fp_contract_off.h"
 
-#include "tessera/ggml_simd.h"
-#include "tessera/ggml_types.h"
+#include "tessera/sdk/kernels/ggml_simd.h"
+#include "tessera/sdk/kernels/ggml_types.h"
 
 namespace tessera {
 // The body lives in tessera/ggml_simd.h so SIMD kernels can inline it (and its 8-lane form).

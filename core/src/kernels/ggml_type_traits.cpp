@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "tessera/ggml_types.h"
+#include "tessera/sdk/kernels/ggml_types.h"
 
 namespace tessera {
 

@@ -1,17 +1,17 @@
 // Interleaved Q4_1, Q4_0, Q5_0 and Q8_0: the repacking, the scalar kernels (the reference and
 // the fallback on CPUs without AVX2) and the run-time dispatch. See tessera/interleaved.h for
 // the layouts and the order.
-#include "tessera/interleaved.h"
+#include "tessera/sdk/kernels/interleaved.h"
 
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "quant_blocks.h"
-#include "tessera/ggml_types.h"
+#include "tessera/sdk/kernels/ggml_types.h"
 
 // Every float operation as written: the order is the contract the AVX2 kernels match.
-#include "tessera/fp_contract_off.h"
+#include "tessera/sdk/kernels/fp_contract_off.h"
 
 namespace tessera {
 

@@ -21,7 +21,7 @@
 
 #include "quant_blocks.h"
 
-#include "tessera/fp_contract_off.h"
+#include "tessera/sdk/kernels/fp_contract_off.h"
 
 namespace tessera::kernels {
 

@@ -16,7 +16,7 @@
 
 // ggml is C compiled in ISO mode, where GCC does not fuse a*b+c into an FMA; GCC's C++ default
 // would, changing the rounding of e.g. the Q4_1 min term. Keep every float operation separate.
-#include "tessera/fp_contract_off.h"
+#include "tessera/sdk/kernels/fp_contract_off.h"
 
 namespace tessera::kernels {
 

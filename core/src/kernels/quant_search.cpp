@@ -13,10 +13,10 @@
 #include <cstring>
 
 #include "quant_blocks.h"
-#include "tessera/ggml_types.h"
+#include "tessera/sdk/kernels/ggml_types.h"
 
 // ggml-quants.c is C compiled in ISO mode (no FMA contraction); keep every float op separate.
-#include "tessera/fp_contract_off.h"
+#include "tessera/sdk/kernels/fp_contract_off.h"
 
 namespace tessera {
 

@@ -137,7 +137,9 @@ const ParamSpec kParams[] = {
 }  // namespace
 }  // namespace tessera
 
-TESSERA_REGISTER_PLUGIN(tessera::CudaFlashAttention, tessera::AttentionKernel, "cuda-flash", "0.1.0",
-                        "CUDA tiled online-softmax attention over the paged KV pool (prefill) and split-K "
-                        "flash-decoding, with GQA",
-                        tessera::kParams)
+// Its pointers are device pointers, so only a backend that runs the forward pass on the device
+// (backend.cuda's runner) can drive it; the core's host ModelRunner cannot.
+TESSERA_REGISTER_PLUGIN_WITH(tessera::CudaFlashAttention, tessera::AttentionKernel, "cuda-flash", "0.1.0",
+                             "CUDA tiled online-softmax attention over the paged KV pool (prefill) and "
+                             "split-K flash-decoding, with GQA",
+                             tessera::kParams, "device_attention", "backend.forward_runner")

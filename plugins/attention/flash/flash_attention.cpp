@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "flash_kernel_impl.h"
-#include "tessera/ggml_types.h"
+#include "tessera/sdk/kernels/ggml_types.h"
 #include "tessera/sdk.h"
 
 namespace tessera {

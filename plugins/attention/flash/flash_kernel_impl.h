@@ -9,8 +9,8 @@
 #include <limits>
 
 #include "flash_kernel.h"
-#include "tessera/ggml_simd.h"
-#include "tessera/ggml_types.h"
+#include "tessera/sdk/kernels/ggml_simd.h"
+#include "tessera/sdk/kernels/ggml_types.h"
 #include "tessera/sdk/kv_rows.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "naive_kernel.h"
-#include "tessera/ggml_types.h"
+#include "tessera/sdk/kernels/ggml_types.h"
 #include "tessera/sdk.h"
 #include "tessera/sdk/kv_rows.h"
 

@@ -9,7 +9,7 @@
 //    lanes. Positions a query cannot see have probability 0 and add nothing (fma(0, v, acc)
 //    returns acc), so they are skipped group-wise as the portable kernel skips them one by one.
 #if defined(__x86_64__) || defined(__i386__)
-#include "tessera/fp_contract_off.h"
+#include "tessera/sdk/kernels/fp_contract_off.h"
 
 #include <immintrin.h>
 
@@ -18,7 +18,7 @@
 #include <limits>
 
 #include "naive_kernel.h"
-#include "tessera/ggml_simd.h"
+#include "tessera/sdk/kernels/ggml_simd.h"
 #include "tessera/sdk/kv_rows.h"
 
 namespace tessera::naive {

@@ -159,6 +159,8 @@ const ParamSpec kParams[] = {
 }  // namespace
 }  // namespace tessera
 
-TESSERA_REGISTER_PLUGIN(tessera::CudaBackend, tessera::Backend, "cuda", "0.1.0",
-                        "CUDA backend: device memory, kernels, device forward runner with CUDA graphs",
-                        tessera::kParams)
+// create_forward_runner refuses a host attention kernel (see above), so the stack must pair
+// it with a device one; declaring the need refuses such a stack before the model loads.
+TESSERA_REGISTER_PLUGIN_WITH(tessera::CudaBackend, tessera::Backend, "cuda", "0.1.0",
+                             "CUDA backend: device memory, kernels, device forward runner with CUDA graphs",
+                             tessera::kParams, "forward_runner", "attention.device_attention")

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "tessera/ggml_types.h"
-#include "tessera/huge_buffer.h"
-#include "tessera/interleaved.h"
+#include "tessera/sdk/kernels/ggml_types.h"
+#include "tessera/sdk/kernels/huge_buffer.h"
+#include "tessera/sdk/kernels/interleaved.h"
 #include "tessera/sdk.h"
 
 namespace tessera {
@@ -270,7 +270,7 @@ class GgufQuantizer final : public Quantizer, public GroupedMatmul {
 }  // namespace
 }  // namespace tessera
 
-TESSERA_REGISTER_PLUGIN(tessera::GgufQuantizer, tessera::Quantizer, "gguf", "0.1.0",
-                        "GGUF block formats in place (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, F16, "
-                        "F32, BF16)",
-                        tessera::kParams)
+TESSERA_REGISTER_PLUGIN_WITH(tessera::GgufQuantizer, tessera::Quantizer, "gguf", "0.1.0",
+                             "GGUF block formats in place (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, "
+                             "F16, F32, BF16)",
+                             tessera::kParams, "grouped_matmul", "")

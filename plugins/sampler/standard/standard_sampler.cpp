@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tessera/cpu_kernels.h"
+#include "tessera/sdk/kernels/cpu_kernels.h"
 
 #include "tessera/sdk.h"
 

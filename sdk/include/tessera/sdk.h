@@ -5,6 +5,7 @@
 #include "tessera/sdk/attention.h"
 #include "tessera/sdk/backend.h"
 #include "tessera/sdk/cache_layer.h"
+#include "tessera/sdk/capabilities.h"
 #include "tessera/sdk/constraint.h"
 #include "tessera/sdk/drafter.h"
 #include "tessera/sdk/executor.h"

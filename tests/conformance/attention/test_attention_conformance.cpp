@@ -45,8 +45,17 @@ std::shared_ptr<AttentionKernel> make_kernel(const std::string& name, const std:
 // (DeviceAttentionKernel, e.g. cuda-flash) are checked by tests/cuda on a GPU.
 std::vector<std::string> attention_plugins() {
   std::vector<std::string> names;
-  for (const std::string& name : test::plugin_names(PluginKind::kAttention))
-    if (!dynamic_cast<DeviceAttentionKernel*>(make_kernel(name, "{}").get())) names.push_back(name);
+  for (const std::string& name : test::plugin_names(PluginKind::kAttention)) {
+    const bool on_device = dynamic_cast<DeviceAttentionKernel*>(make_kernel(name, "{}").get()) != nullptr;
+    // What the manifest declares is what the stack check trusts (SDK 2.6).
+    CHECK_MESSAGE(on_device == test::declares(PluginKind::kAttention, name, kCapabilityDeviceAttention),
+                  "attention." << name << ": DeviceAttentionKernel implemented and capability "
+                               "'device_attention' declared must agree");
+    if (!on_device) names.push_back(name);
+  }
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  MESSAGE("host attention plugins under test: " << list);
   return names;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "tessera/sdk/abi.h"
+#include "tessera/sdk/capabilities.h"
 #include "tessera/sdk/logger.h"
 #include "tessera/sdk/params.h"
 #include "tessera/sdk/status.h"
@@ -80,6 +81,14 @@ struct PluginManifest {
   Status (*create)(const PluginConfig& config, const PluginContext& context, void** out);
   // Destroys an object returned by create.
   void (*destroy)(void* object);
+  // SDK 2.6, appended: the host reads these two only when header.abi_minor >= 6 (an older
+  // library's manifest ends above). Both are space-separated lists in static storage, "" for
+  // none. `capabilities`: the optional interfaces (tessera/sdk/capabilities.h) every object
+  // `create` returns implements, e.g. "grouped_matmul". `needs`: capabilities this plugin
+  // needs from the stack's other slots, as "<kind>.<capability>", e.g.
+  // "backend.forward_runner"; a stack whose slot lacks one is refused before the model loads.
+  const char* capabilities;
+  const char* needs;
 };
 
 // The symbol every plugin library exports.
@@ -126,7 +135,15 @@ void destroy_plugin(void* object) {
 //                                   std::unique_ptr<Interface>* out);
 //   Interface: the kind's interface (tessera::Sampler, tessera::Scheduler, ...)
 //   NAME, VERSION, DESCRIPTION: string literals; PARAMS: a static array of ParamSpec.
-#define TESSERA_REGISTER_PLUGIN(Impl, Interface, NAME, VERSION, DESCRIPTION, PARAMS)         \
+// The plugin declares no capabilities and needs none; see TESSERA_REGISTER_PLUGIN_WITH.
+#define TESSERA_REGISTER_PLUGIN(Impl, Interface, NAME, VERSION, DESCRIPTION, PARAMS) \
+  TESSERA_REGISTER_PLUGIN_WITH(Impl, Interface, NAME, VERSION, DESCRIPTION, PARAMS, "", "")
+
+// As TESSERA_REGISTER_PLUGIN, declaring CAPABILITIES (space-separated names from
+// tessera/sdk/capabilities.h that Impl implements) and NEEDS (space-separated
+// "<kind>.<capability>" the stack's other slots must offer). String literals; "" for none.
+#define TESSERA_REGISTER_PLUGIN_WITH(Impl, Interface, NAME, VERSION, DESCRIPTION, PARAMS,    \
+                                     CAPABILITIES, NEEDS)                                  \
   TESSERA_PLUGIN_EXPORT const ::tessera::PluginManifest* tessera_plugin_manifest() {       \
     static const ::tessera::PluginManifest manifest = {                                    \
         {::tessera::kPluginMagic, TESSERA_SDK_ABI_MAJOR, TESSERA_SDK_ABI_MINOR, 0,         \
@@ -139,7 +156,9 @@ void destroy_plugin(void* object) {
         PARAMS,                                                                            \
         ::tessera::detail::param_count(PARAMS),                                            \
         &::tessera::detail::create_plugin<Impl, Interface>,                                \
-        &::tessera::detail::destroy_plugin<Interface>};                                    \
+        &::tessera::detail::destroy_plugin<Interface>,                                     \
+        CAPABILITIES,                                                                      \
+        NEEDS};                                                                            \
     return &manifest;                                                                      \
   }
 

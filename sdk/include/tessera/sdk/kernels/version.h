@@ -1,0 +1,21 @@
+// Version of the SDK's kernel helpers (tessera/sdk/kernels/*.h and the tessera::kernels static
+// library), apart from the plugin ABI: a kernel plugin links these helpers into itself, so
+// they never cross the plugin seam and a change here does not make the host refuse a plugin.
+// What the version promises is the numerics contract in docs/plugin-authoring.md ("kernel
+// helpers"): a minor bump adds functions and keeps every existing result bit for bit; a major
+// bump changes a result, a block layout or a signature. sdk/abi.lock records it (part
+// "kernels") and the sdk_abi_lock test fails when a header here changes without a bump.
+//
+// History: 1.0 the block formats and their reference/SIMD dot products (ggml_types.h),
+// activation quantization, ggml's exp in scalar and AVX2 form (ggml_simd.h), the
+// element-wise kernels (cpu_kernels.h), the 8-row interleaved layouts and their matmuls
+// (interleaved.h), huge-page buffers (huge_buffer.h), fp_contract_off.h.
+#pragma once
+
+#define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
+#define TESSERA_SDK_KERNELS_VERSION_MINOR 0
+
+namespace tessera {
+inline constexpr int kSdkKernelsVersionMajor = TESSERA_SDK_KERNELS_VERSION_MAJOR;
+inline constexpr int kSdkKernelsVersionMinor = TESSERA_SDK_KERNELS_VERSION_MINOR;
+}  // namespace tessera
