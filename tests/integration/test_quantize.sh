@@ -122,7 +122,7 @@ if "$bin" quantize -q --threads 2 "$model" f32.gguf --type F32 2>f32.err; then
     "$bin" "${eval_args[@]}" --config rtn.yaml --json rtn.json 2>>rtn.err || fail "rtn Q4_0: $(tail -2 rtn.err)"
   for method in gptq awq; do
     if "$bin" quantize -q --threads 2 f32.gguf "$method.gguf" --type Q4_0 --method "$method" \
-        --calibration "$calibration" --ctx 256 --chunks 4 2>"$method.err"; then
+        --calibration "$calibration" --ctx 256 --chunks 2 2>"$method.err"; then
       stack "$method" "$PWD/$method.gguf"
       if "$bin" "${eval_args[@]}" --config "$method.yaml" --json "$method.json" 2>"$method.eval.err" &&
          python3 -c "import json,sys; a=json.load(open('rtn.json'))['ppl']; b=json.load(open('$method.json'))['ppl']; print(f'ppl rtn {a:.3f}, $method {b:.3f}'); sys.exit(0 if b < a else 1)" >"$method.ppl"; then
