@@ -13,6 +13,11 @@ Corpora (both shipped by Debian's base-files): evaluation /usr/share/common-lice
 calibration /usr/share/common-licenses/GFDL-1.3. With --peer, llama.cpp's llama-quantize (plain,
 and with a llama-imatrix matrix from the same calibration text) adds rows, evaluated the same way,
 and llama-perplexity reports its own perplexity of Tessera's files. Prints a Markdown table.
+
+Methods: rtn, importance (from a saved imatrix), gptq and awq (each calibrating itself on
+--calibration; both need the full input covariances, which an imatrix file does not hold).
+Types in --pure-types are made with --pure by both quantizers (Q4_K: llama-quantize --pure
+Q4_K_S, the same tensor types as Tessera's --pure Q4_K); llama.cpp's Q4_K_M stays as a context row.
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ MODEL = Path(os.environ.get("TESSERA_MODEL_DIR", Path.home() / ".cache/tessera/m
     "SmolLM2-135M-Instruct.Q4_1.gguf"
 PEER_FTYPE = {"Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q8_0": "Q8_0",
               "Q4_K": "Q4_K_M", "Q6_K": "Q6_K"}
+# With --pure every weight gets the named type (or its row-length fallback), as Tessera's --pure.
+PEER_PURE_FTYPE = {"Q4_K": "Q4_K_S"}
 
 
 def log(msg: str) -> None:
@@ -55,7 +62,9 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=0, help="evaluation chunks (0: all)")
     ap.add_argument("--types", default="Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q6_K")
-    ap.add_argument("--methods", default="rtn,importance")
+    ap.add_argument("--methods", default="rtn,importance,gptq,awq")
+    ap.add_argument("--pure-types", default="Q4_K", help="types made with --pure (both quantizers)")
+    ap.add_argument("--calib-chunks", type=int, default=0, help="gptq/awq calibration chunks (0: all)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peer-types", default="Q4_0,Q4_K", help="types llama-quantize adds rows for")
     ap.add_argument("--peer", type=Path, help="llama.cpp bin dir (llama-quantize, llama-imatrix, llama-perplexity)")
@@ -96,18 +105,29 @@ def main() -> None:
     rows.append({"who": "tessera", "method": "reference", "type": "F32", "size_mib": f32.stat().st_size / 2**20,
                  "ppl": f32_json["ppl"], "ppl_err": f32_json.get("ppl_error"), "kld_mean": 0.0, "kld_p99": 0.0,
                  "top1": 1.0, "eval_s": 0})
+    pure_types = set(filter(None, args.pure_types.split(",")))
     for typ in args.types.split(","):
+        pure = ["--pure"] if typ in pure_types else []
+        label = typ + (" --pure" if pure else "")
         for method in args.methods.split(","):
-            q = out / f"tessera-{method}-{typ}.gguf"
-            extra = ["--method", "importance", "--imatrix", imatrix] if method == "importance" else []
+            q = out / f"tessera-{method}-{typ}{'-pure' if pure else ''}.gguf"
+            extra = []
+            if method == "importance":
+                extra = ["--method", "importance", "--imatrix", imatrix]
+            elif method in ("gptq", "awq"):
+                extra = ["--method", method, "--calibration", args.calibration, "--ctx", args.ctx]
+                if args.calib_chunks:
+                    extra += ["--chunks", args.calib_chunks]
             if not q.exists():
-                run([t, "quantize", "-q", f32, q, "--type", typ, "--threads", args.threads, *extra])
-            rtn = out / f"tessera-rtn-{typ}.gguf"
+                t0 = time.time()
+                run([t, "quantize", "-q", f32, q, "--type", typ, "--threads", args.threads, *pure, *extra])
+                log(f"quantize {method} {label}: {time.time() - t0:.1f} s")
+            rtn = out / f"tessera-rtn-{typ}{'-pure' if pure else ''}.gguf"
             if method != "rtn" and rtn.exists() and rtn.read_bytes() == q.read_bytes():
-                rows.append(dict(next(r for r in rows if r["who"] == "tessera" and r["type"] == typ),
+                rows.append(dict(next(r for r in rows if r["who"] == "tessera" and r["type"] == label),
                                  method=method + " (= rtn bytes)"))
                 continue
-            evaluate("tessera", method, typ, q)
+            evaluate("tessera", method, label, q)
 
     if args.peer:
         env = dict(os.environ, LD_LIBRARY_PATH=str(args.peer))
@@ -115,14 +135,18 @@ def main() -> None:
         if not peer_imatrix.exists():
             run([args.peer / "llama-imatrix", "-m", args.model, "-f", args.calibration, "-c", args.ctx,
                  "-o", peer_imatrix, "-t", args.threads], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        variants = []
         for typ in args.peer_types.split(","):
-            ftype = PEER_FTYPE[typ]
+            if typ in pure_types:
+                variants.append((PEER_PURE_FTYPE.get(typ, typ), ["--pure"]))
+            variants.append((PEER_FTYPE[typ], []))
+        for ftype, pure in variants:
             for method, extra in (("rtn", []), ("imatrix", ["--imatrix", peer_imatrix])):
-                q = out / f"llama-{method}-{ftype}.gguf"
+                q = out / f"llama-{method}-{ftype}{'-pure' if pure else ''}.gguf"
                 if not q.exists():
-                    run([args.peer / "llama-quantize", "--allow-requantize", *extra, f32, q, ftype, args.threads],
+                    run([args.peer / "llama-quantize", "--allow-requantize", *pure, *extra, f32, q, ftype, args.threads],
                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                evaluate("llama-quantize", method, ftype, q)
+                evaluate("llama-quantize", method, ftype + (" --pure" if pure else ""), q)
 
     print("| quantizer | method | type | size MiB | PPL | KLD mean | KLD 99 % | same top-1 |")
     print("|---|---|---|---:|---:|---:|---:|---:|")

@@ -5,7 +5,9 @@
 // Tessera's own forward pass, recording per weight and column the mean squared activation
 // (llama-imatrix's statistics), and weights each element's error by it while searching block
 // scales (ggml's quantize_row_*_impl); --imatrix reads such statistics from a file instead
-// (ours or llama-imatrix's GGUF output), --save-imatrix writes them.
+// (ours or llama-imatrix's GGUF output), --save-imatrix writes them. --method gptq and awq
+// record, on the same calibration run, the full covariance of each matmul's input
+// (tessera/gptq.h, tessera/awq.h).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "stack_loader.h"
 #include "tessera/calibration.h"
 #include "tessera/config.h"
+#include "tessera/gptq.h"
 #include "tessera/model_runner.h"
 #include "tessera/plugin_registry.h"
 #include "tessera/quantize.h"
@@ -44,18 +47,26 @@ struct QuantizeCliOptions {
   int threads = 0;
   bool pure = false;
   bool quiet = false;
+  quant::GptqOptions gptq;
+  quant::AwqOptions awq;
+  bool awq_no_clip = false;
+};
+
+struct Calibration {
+  quant::ImportanceMatrix imatrix;
+  quant::CalibrationStats stats;  // with covariances, for gptq / awq
 };
 
 // Runs the input model over the calibration text in chunks of ctx tokens, each from an empty
 // cache (as llama-imatrix does), through an ActivationRecorder around the stack's quantizer.
-quant::ImportanceMatrix collect_importance(const QuantizeCliOptions& opt) {
+Calibration collect_calibration(const QuantizeCliOptions& opt, bool covariance) {
   const std::string text = read_text_file(opt.calibration, "--calibration");
   PluginRegistry registry;
   registry.scan_default_paths();
   StackConfig config = load_stack_config(opt.config.empty() ? default_config_path() : opt.config, registry);
   config.model.path = std::filesystem::absolute(opt.input).string();
   EngineComponents c = build_engine_components(config, registry);
-  ActivationRecorder recorder(*c.quantizer);
+  ActivationRecorder recorder(*c.quantizer, covariance);
   Model::ProgressFn progress;
   if (!opt.quiet) progress = [](size_t done, size_t total) { print_progress("loading model", done, total); };
   std::shared_ptr<Model> model = Model::load(config.model.path, recorder, progress);
@@ -90,46 +101,65 @@ quant::ImportanceMatrix collect_importance(const QuantizeCliOptions& opt) {
     if (!st.is_ok()) throw CommandError("calibration forward: " + st.message());
     if (!opt.quiet) print_progress("calibration", static_cast<size_t>(k + 1), static_cast<size_t>(n_chunks));
   }
-  quant::ImportanceMatrix m = recorder.importance();
-  m.datasets = {opt.calibration};
-  m.chunk_count = n_chunks;
-  m.chunk_size = opt.ctx;
-  return m;
+  Calibration cal;
+  cal.imatrix = recorder.importance();
+  cal.imatrix.datasets = {opt.calibration};
+  cal.imatrix.chunk_count = n_chunks;
+  cal.imatrix.chunk_size = opt.ctx;
+  if (covariance) cal.stats = recorder.finish_stats();
+  return cal;
 }
 
 void run_quantize(const QuantizeCliOptions& opt) {
   GgmlType target;
   if (!quant::parse_target_type(opt.type, &target))
     throw CommandError("--type '" + opt.type + "': not a target type; one of " + quant::target_type_names());
-  const bool importance = opt.method == "importance";
-  if (!importance && opt.method != "rtn")
-    throw CommandError("--method '" + opt.method + "': one of rtn, importance");
+  quant::QuantMethod method;
+  if (opt.method == "rtn") method = quant::QuantMethod::kRtn;
+  else if (opt.method == "importance") method = quant::QuantMethod::kImportance;
+  else if (opt.method == "gptq") method = quant::QuantMethod::kGptq;
+  else if (opt.method == "awq") method = quant::QuantMethod::kAwq;
+  else throw CommandError("--method '" + opt.method + "': one of rtn, importance, gptq, awq");
+  const bool importance = method == quant::QuantMethod::kImportance;
+  const bool hessian = method == quant::QuantMethod::kGptq || method == quant::QuantMethod::kAwq;
   if (importance && opt.calibration.empty() && opt.imatrix.empty())
     throw CommandError("--method importance needs --calibration FILE (or --imatrix FILE)");
-  if (!importance && (!opt.calibration.empty() || !opt.imatrix.empty()))
-    throw CommandError("--calibration / --imatrix are for --method importance");
+  if (hessian && !opt.imatrix.empty())
+    throw CommandError("--method " + opt.method + " needs --calibration FILE, not --imatrix: it uses the "
+                       "full covariance of each weight's input, of which an imatrix holds only the diagonal");
+  if (hessian && opt.calibration.empty())
+    throw CommandError("--method " + opt.method + " needs --calibration FILE (text to collect activations on)");
+  if (!importance && !hessian && (!opt.calibration.empty() || !opt.imatrix.empty()))
+    throw CommandError("--calibration / --imatrix are for --method importance, gptq or awq");
+  if (method == quant::QuantMethod::kGptq && !quant::gptq_supports(target))
+    throw CommandError("--method gptq --type " + opt.type + ": gptq writes " + quant::gptq_type_names());
   std::error_code ec;
   if (!std::filesystem::is_regular_file(opt.input, ec))
     throw CommandError("IN '" + opt.input + "': no such file");
   const auto t0 = std::chrono::steady_clock::now();
-  quant::ImportanceMatrix imatrix;
+  Calibration cal;
   if (!opt.imatrix.empty()) {
     if (!std::filesystem::is_regular_file(opt.imatrix, ec))
       throw CommandError("--imatrix '" + opt.imatrix + "': no such file");
-    imatrix = quant::ImportanceMatrix::read(opt.imatrix);
-  } else if (importance) {
-    imatrix = collect_importance(opt);
+    cal.imatrix = quant::ImportanceMatrix::read(opt.imatrix);
+  } else if (importance || hessian) {
+    cal = collect_calibration(opt, hessian);
   }
   if (!opt.save_imatrix.empty()) {
-    if (!importance) throw CommandError("--save-imatrix is for --method importance");
-    imatrix.write(opt.save_imatrix);
+    if (!importance && !hessian) throw CommandError("--save-imatrix is for --method importance, gptq or awq");
+    cal.imatrix.write(opt.save_imatrix);
   }
   quant::QuantizeOptions q;
   q.input = opt.input;
   q.output = opt.output;
   q.target = target;
   q.pure = opt.pure;
-  q.importance = importance ? &imatrix : nullptr;
+  q.method = method;
+  q.importance = importance || hessian ? &cal.imatrix : nullptr;
+  q.stats = hessian ? &cal.stats : nullptr;
+  q.gptq = opt.gptq;
+  q.awq = opt.awq;
+  q.awq.clip = !opt.awq_no_clip;
   q.threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::function<void(size_t, size_t)> progress;
   if (!opt.quiet) progress = [](size_t done, size_t total) { print_progress("quantizing", done, total); };
@@ -142,7 +172,11 @@ void run_quantize(const QuantizeCliOptions& opt) {
     for (const auto& [name, n] : per_type) types += " " + name + "×" + std::to_string(n);
     std::fprintf(stderr, "\n%s -> %s: %.1f MiB -> %.1f MiB, tensors:%s%s, %.1f s\n", opt.input.c_str(),
                  opt.output.c_str(), r.input_bytes / 1048576.0, r.output_bytes / 1048576.0, types.c_str(),
-                 importance ? (", " + std::to_string(r.weighted_tensors) + " importance-weighted").c_str() : "",
+                 importance || hessian
+                     ? (", " + std::to_string(r.weighted_tensors) + " importance-weighted" +
+                        (hessian ? ", " + std::to_string(r.hessian_tensors) + " by " + opt.method : std::string()))
+                           .c_str()
+                     : "",
                  secs);
   }
 }
@@ -156,10 +190,12 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("IN", opt->input, "input .gguf (F32, F16, BF16 or quantized weights)")->required();
   cmd->add_option("OUT", opt->output, "output .gguf (written atomically)")->required();
   cmd->add_option("-t,--type", opt->type, "target type: " + quant::target_type_names())->required();
-  cmd->add_option("-m,--method", opt->method, "rtn (round to nearest) or importance (imatrix-weighted)")
+  cmd->add_option("-m,--method", opt->method,
+                  "rtn (round to nearest), importance (imatrix-weighted), gptq (Hessian error compensation) "
+                  "or awq (activation-aware scales folded into the norms)")
       ->capture_default_str();
   auto* calibration = cmd->add_option("--calibration", opt->calibration,
-                  "text to collect activation statistics on (--method importance); never the evaluation text");
+                  "text to collect activation statistics on (--method importance, gptq, awq); never the evaluation text");
   cmd->add_option("--imatrix", opt->imatrix,
                   "read the statistics from an imatrix GGUF (ours or llama-imatrix's) instead of --calibration")
       ->excludes(calibration);
@@ -170,6 +206,19 @@ void add_quantize_command(CLI::App& app) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", opt->threads, "threads (0: all hardware threads)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--gptq-damp", opt->gptq.damp, "gptq: damping added to H's diagonal, a fraction of its mean")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--gptq-block-size", opt->gptq.block_size, "gptq: columns per lazy update block")
+      ->capture_default_str()->check(CLI::Range(1, 65536));
+  cmd->add_flag("--act-order", opt->gptq.act_order,
+                "gptq: quantize the format's blocks in decreasing order of activation energy");
+  cmd->add_option("--awq-grid", opt->awq.alpha_grid, "awq: alpha searched over {0, 1/N, ..., 1}")
+      ->capture_default_str()->check(CLI::Range(1, 100));
+  cmd->add_option("--awq-alpha", opt->awq.fixed_alpha, "awq: use this alpha everywhere instead of searching")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--awq-search-rows", opt->awq.search_rows, "awq: rows per weight the alpha search evaluates")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--awq-no-clip", opt->awq_no_clip, "awq: no clipping search");
   cmd->add_flag("--pure", opt->pure, "the output/tied embedding gets the target type too (llama-quantize --pure)");
   cmd->add_flag("-q,--quiet", opt->quiet, "no progress output");
   cmd->callback([opt] { run_quantize(*opt); });

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "tessera/awq.h"
+#include "tessera/gptq.h"
 #include "tessera/thread_pool.h"
 
 namespace tessera::quant {
@@ -165,6 +167,40 @@ std::vector<uint8_t> convert_tensor(const gguf::TensorInfo& tensor, GgmlType to,
   return out;
 }
 
+namespace {
+
+// A float matrix (rows of `cols`) into `to`, rows over `threads` threads.
+std::vector<uint8_t> encode_floats(const std::vector<float>& f, int64_t cols, GgmlType to,
+                                   const float* importance, int threads) {
+  const int64_t rows = static_cast<int64_t>(f.size()) / cols;
+  const size_t dst_row = ggml_row_size(to, cols);
+  std::vector<uint8_t> out(dst_row * static_cast<size_t>(rows));
+  ThreadPool pool(std::max(1, std::min<int>(threads, static_cast<int>(rows))));
+  pool.run(rows, [&](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r)
+      quantize_weight_row(to, f.data() + r * cols, out.data() + r * dst_row, cols, importance);
+  });
+  return out;
+}
+
+std::vector<float> dequantize_tensor(const gguf::TensorInfo& t) {
+  const int64_t cols = t.dims[0];
+  const size_t row_bytes = ggml_row_size(t.type, cols);
+  std::vector<float> f(static_cast<size_t>(cols * t.num_rows()));
+  for (int64_t r = 0; r < t.num_rows(); ++r) dequantize_row(t.type, t.data + r * row_bytes, f.data() + r * cols, cols);
+  return f;
+}
+
+// The weights gptq / awq quantize from their input covariance: the transformer blocks' linear
+// weights (the tied output embedding is also a lookup table, so it keeps the imatrix path).
+const InputStats* covariance_of(const QuantizeOptions& o, const std::string& name) {
+  if (o.stats == nullptr || name.rfind("blk.", 0) != 0) return nullptr;
+  const InputStats* in = o.stats->find(name);
+  return in != nullptr && !in->xtx.empty() && in->count > 0 ? in : nullptr;
+}
+
+}  // namespace
+
 QuantizeResult quantize_model(const QuantizeOptions& options,
                               const std::function<void(size_t, size_t)>& progress) {
   namespace fs = std::filesystem;
@@ -174,7 +210,11 @@ QuantizeResult quantize_model(const QuantizeOptions& options,
   auto file = gguf::GgufFile::open(options.input);
   QuantizeResult result;
   result.input_bytes = file->file_size();
-  result.plan = plan_tensors(*file, options.target, options.pure, options.importance != nullptr);
+  const bool hessian_method = options.method == QuantMethod::kGptq || options.method == QuantMethod::kAwq;
+  if (hessian_method && options.stats == nullptr)
+    throw std::invalid_argument("--method gptq / awq needs calibration statistics with covariances");
+  result.plan = plan_tensors(*file, options.target, options.pure,
+                             options.importance != nullptr || hessian_method);
 
   // Every conversion is checked before any work, so a bad input is one error up front.
   std::vector<float> probe;
@@ -191,6 +231,31 @@ QuantizeResult quantize_model(const QuantizeOptions& options,
     if (!quantize_weight_row(p.to, probe.data(), row.data(), t.dims[0], nullptr))
       throw std::runtime_error("tensor '" + t.name + "': cannot write type " + ggml_type_name(p.to));
   }
+
+  // GPTQ's factored Hessians, one per (input, group size), computed in parallel up front.
+  std::map<std::pair<const InputStats*, int64_t>, GptqHessian> hessians;
+  if (options.method == QuantMethod::kGptq) {
+    for (size_t i = 0; i < result.plan.size(); ++i) {
+      const TensorPlan& p = result.plan[i];
+      const InputStats* in = p.to == p.from ? nullptr : covariance_of(options, p.name);
+      if (in == nullptr) continue;
+      if (!gptq_supports(p.to))
+        throw std::invalid_argument("--method gptq writes " + gptq_type_names() + "; tensor '" + p.name +
+                                    "' would be " + ggml_type_name(p.to));
+      hessians[{in, gptq_group_size(p.to)}];
+    }
+    std::vector<std::pair<const InputStats*, int64_t>> keys;
+    for (const auto& [k, v] : hessians) keys.push_back(k);
+    ThreadPool pool(std::max(1, std::min<int>(options.threads, static_cast<int>(keys.size()))));
+    pool.run(static_cast<int64_t>(keys.size()), [&](int64_t begin, int64_t end, int) {
+      for (int64_t k = begin; k < end; ++k)
+        hessians[keys[k]] = gptq_prepare(keys[k].first->xtx, keys[k].first->cols, keys[k].second,
+                                         options.gptq, "input of '" + keys[k].first->weights.front() + "'");
+    });
+  }
+  AwqFold fold;
+  if (options.method == QuantMethod::kAwq)
+    fold = awq_search(*file, result.plan, *options.stats, options.awq, options.threads);
 
   gguf::GgufWriter writer;
   writer.set_alignment(file->alignment());
@@ -214,10 +279,28 @@ QuantizeResult quantize_model(const QuantizeOptions& options,
                                  std::to_string(t.dims[0]));
       if (!importance.empty()) ++result.weighted_tensors;
     }
-    std::vector<uint8_t> data =
-        p.to == p.from ? std::vector<uint8_t>(t.data, t.data + t.num_bytes)
-                       : convert_tensor(t, p.to, importance.empty() ? nullptr : importance.data(),
-                                        options.threads);
+    const auto folded = fold.tensors.find(t.name);
+    const InputStats* in = p.to == p.from ? nullptr : covariance_of(options, t.name);
+    std::vector<uint8_t> data;
+    if (in != nullptr && hessian_method) {
+      const std::vector<float> f = folded != fold.tensors.end() ? folded->second : dequantize_tensor(t);
+      if (options.method == QuantMethod::kGptq) {
+        data = gptq_quantize(p.to, f.data(), t.num_rows(), t.dims[0], hessians.at({in, gptq_group_size(p.to)}),
+                             options.gptq, options.threads);
+      } else {
+        const auto s = fold.input_scale.find(t.name);
+        data = awq_quantize_tensor(p.to, f.data(), t.num_rows(), t.dims[0], *in,
+                                   s == fold.input_scale.end() ? std::vector<float>{} : s->second, options.awq,
+                                   options.threads);
+      }
+      ++result.hessian_tensors;
+    } else if (folded != fold.tensors.end()) {  // a folded norm weight or bias
+      data = encode_floats(folded->second, t.dims[0], p.to, nullptr, options.threads);
+    } else if (p.to == p.from) {
+      data.assign(t.data, t.data + t.num_bytes);
+    } else {
+      data = convert_tensor(t, p.to, importance.empty() ? nullptr : importance.data(), options.threads);
+    }
     writer.add_tensor(t.name, t.dims, p.to, std::move(data));
     if (progress) progress(i + 1, tensors.size());
   }

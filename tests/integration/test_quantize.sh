@@ -8,6 +8,9 @@
 #    so of it only 8 tokens of text are asked;
 #  - --method importance collects activation statistics on a different text (the GFDL-1.3),
 #    saves them as an imatrix GGUF, and its Q4_0 file loads, says Paris and evaluates closer;
+#  - --method gptq and awq (calibrated on the GFDL, from the F32 dequantization) evaluate
+#    better than round-to-nearest Q4_0; AWQ's folding alone (F32 target, fixed alpha) leaves
+#    the float model's logits unchanged (KLD against the unfolded model's);
 #  - bad input is one error line, exit status 1 and no output file.
 # Exit 77 (skipped) without the model or the texts. Ends with "N passed, N failed".
 set -uo pipefail
@@ -92,6 +95,49 @@ else
   fail "quantize --method importance: $(tail -2 imp.err)"
 fi
 
+# --- gptq and awq, calibrated on the GFDL, against round to nearest of the same type ---------
+# Both start from the model's F32 dequantization, as the benchmark does.
+ppl_of() { python3 -c "import json; print(json.load(open('$1'))['ppl'])"; }
+if "$bin" quantize -q --threads 2 "$model" f32.gguf --type F32 2>f32.err; then
+  stack f32 "$PWD/f32.gguf"
+  "$bin" "${eval_args[@]}" --config f32.yaml --json f32.json --save-logits f32.logp 2>f32.eval.err ||
+    fail "eval of the F32 model: $(tail -2 f32.eval.err)"
+  # AWQ's folding alone (a fixed alpha, F32 target: nothing rounded) keeps the model's function:
+  # the folded file differs from the input, its logits do not (KLD against the input's).
+  if "$bin" quantize -q --threads 2 f32.gguf fold.gguf --type F32 --method awq --awq-alpha 0.5 \
+      --calibration "$calibration" --ctx 256 --chunks 1 2>fold.err; then
+    stack fold "$PWD/fold.gguf"
+    if cmp -s f32.gguf fold.gguf; then
+      fail "awq folding changed no byte of the F32 model"
+    elif "$bin" "${eval_args[@]}" --config fold.yaml --reference-logits f32.logp --json fold.json 2>fold.eval.err &&
+         python3 -c "import json,sys; r=json.load(open('fold.json')); k=r['kld']['mean']; print(f'KLD mean {k:.2e}, top-1 {r[\"top1_agreement\"]:.4f}'); sys.exit(0 if k < 1e-5 and r['top1_agreement'] > 0.995 else 1)" >fold.kld; then
+      pass "awq folding (alpha 0.5) keeps the float model's output: $(cat fold.kld)"
+    else
+      fail "awq folding changed the float model's output: $(cat fold.kld 2>/dev/null) $(tail -2 fold.eval.err)"
+    fi
+  else
+    fail "awq folding: $(tail -2 fold.err)"
+  fi
+  "$bin" quantize -q --threads 2 f32.gguf rtn.gguf --type Q4_0 2>rtn.err && stack rtn "$PWD/rtn.gguf" &&
+    "$bin" "${eval_args[@]}" --config rtn.yaml --json rtn.json 2>>rtn.err || fail "rtn Q4_0: $(tail -2 rtn.err)"
+  for method in gptq awq; do
+    if "$bin" quantize -q --threads 2 f32.gguf "$method.gguf" --type Q4_0 --method "$method" \
+        --calibration "$calibration" --ctx 256 --chunks 2 2>"$method.err"; then
+      stack "$method" "$PWD/$method.gguf"
+      if "$bin" "${eval_args[@]}" --config "$method.yaml" --json "$method.json" 2>"$method.eval.err" &&
+         python3 -c "import json,sys; a=json.load(open('rtn.json'))['ppl']; b=json.load(open('$method.json'))['ppl']; print(f'ppl rtn {a:.3f}, $method {b:.3f}'); sys.exit(0 if b < a else 1)" >"$method.ppl"; then
+        pass "$method Q4_0 evaluates better than rtn Q4_0: $(cat "$method.ppl")"
+      else
+        fail "$method Q4_0 perplexity: $(cat "$method.ppl" 2>/dev/null) $(tail -2 "$method.eval.err")"
+      fi
+    else
+      fail "quantize --method $method: $(tail -2 "$method.err")"
+    fi
+  done
+else
+  fail "quantize to F32: $(tail -2 f32.err)"
+fi
+
 # --- bad input: one error, no output ------------------------------------------------------
 expect_error_1 "unknown --type" "--type 'Q3_K': not a target type" "$bin" quantize -q "$model" bad.gguf --type Q3_K
 expect_error_1 "unknown --method" "--method 'awq2'" "$bin" quantize -q "$model" bad.gguf --type Q4_0 --method awq2
@@ -101,6 +147,18 @@ expect_error_1 "missing calibration file" "--calibration 'no-such.txt': no such 
 : >empty.txt
 expect_error_1 "empty calibration file" "--calibration 'empty.txt': the file is empty" \
   "$bin" quantize -q "$model" bad.gguf --type Q4_0 --method importance --calibration empty.txt
+for method in gptq awq; do
+  expect_error_1 "$method without calibration" "--method $method needs --calibration FILE" \
+    "$bin" quantize -q "$model" bad.gguf --type Q4_0 --method $method
+  expect_error_1 "$method with a missing calibration file" "--calibration 'no-such.txt': no such file" \
+    "$bin" quantize -q "$model" bad.gguf --type Q4_0 --method $method --calibration no-such.txt
+  expect_error_1 "$method with an empty calibration file" "--calibration 'empty.txt': the file is empty" \
+    "$bin" quantize -q "$model" bad.gguf --type Q4_0 --method $method --calibration empty.txt
+  expect_error_1 "$method with --imatrix" "not --imatrix" \
+    "$bin" quantize -q "$model" bad.gguf --type Q4_0 --method $method --imatrix imp.imatrix
+done
+expect_error_1 "gptq into Q6_K" "gptq writes Q4_0" \
+  "$bin" quantize -q "$model" bad.gguf --type Q6_K --method gptq --calibration "$calibration"
 expect_error_1 "missing input" "IN 'no-such.gguf': no such file" "$bin" quantize -q no-such.gguf bad.gguf --type Q4_0
 expect_error_1 "output in a missing directory" "cannot write no-dir/bad.gguf" "$bin" quantize -q "$model" no-dir/bad.gguf --type Q8_0
 if [[ -e bad.gguf || -n "$(ls no-dir 2>/dev/null)" || -n "$(ls ./*.tmp.* 2>/dev/null)" ]]; then

@@ -36,6 +36,27 @@ struct ImportanceMatrix {
   static ImportanceMatrix read(const std::string& path);
 };
 
+// Activation statistics of the distinct inputs of the weight matmuls, for the quantizers that
+// model a layer's output error (gptq, awq). Weights that multiply the same activations (q/k/v
+// after attn_norm, gate/up after ffn_norm) share one input, so one covariance serves the group.
+struct InputStats {
+  std::vector<std::string> weights;  // GGUF names of the weights fed by this input, in call order
+  int64_t cols = 0;
+  int64_t count = 0;                 // activation rows accumulated
+  std::vector<double> sum_abs;       // per column: sum of |x| (AWQ's activation magnitude)
+  std::vector<double> sum_sq;        // per column: sum of x^2 (the imatrix)
+  std::vector<double> xtx;           // cols x cols, row-major, symmetric: sum of x x^T
+};
+
+struct CalibrationStats {
+  std::vector<InputStats> inputs;
+  std::map<std::string, size_t> input_of;  // weight name -> index into inputs
+  const InputStats* find(const std::string& weight) const {
+    auto it = input_of.find(weight);
+    return it == input_of.end() ? nullptr : &inputs[it->second];
+  }
+};
+
 // The target types `tessera quantize --type` accepts (and their llama.cpp general.file_type).
 // Returns false for a name that is none of them.
 bool parse_target_type(const std::string& name, GgmlType* type);
@@ -64,12 +85,33 @@ struct TensorPlan {
 std::vector<TensorPlan> plan_tensors(const gguf::GgufFile& file, GgmlType target, bool pure,
                                      bool with_importance = false);
 
+enum class QuantMethod { kRtn, kImportance, kGptq, kAwq };
+
+struct GptqOptions {
+  double damp = 0.01;      // added to H's diagonal, as a fraction of its mean diagonal
+  int block_size = 128;    // lazy-update block (columns); raised to the format's group if larger
+  bool act_order = false;  // columns (whole format blocks) in decreasing order of diag(H)
+};
+
+struct AwqOptions {
+  int alpha_grid = 10;        // alpha searched over {0, 1/n, ..., 1}
+  float fixed_alpha = -1.0f;  // >= 0: no search, this alpha everywhere
+  bool clip = true;           // search a clipping ratio per row and 32-column block
+  int search_rows = 32;       // rows per weight the alpha search evaluates (evenly spaced)
+};
+
 struct QuantizeOptions {
   std::string input;
   std::string output;
   GgmlType target = GgmlType::Q4_0;
   bool pure = false;
-  const ImportanceMatrix* importance = nullptr;  // null: round to nearest (rtn)
+  QuantMethod method = QuantMethod::kRtn;
+  // kImportance: the per-column weights; kGptq / kAwq: used for the tensors `stats` lacks a
+  // covariance for (the tied output embedding). Null: round to nearest.
+  const ImportanceMatrix* importance = nullptr;
+  const CalibrationStats* stats = nullptr;  // kGptq / kAwq: required, with covariances
+  GptqOptions gptq;
+  AwqOptions awq;
   int threads = 1;
 };
 
@@ -78,6 +120,7 @@ struct QuantizeResult {
   size_t input_bytes = 0;   // file sizes
   size_t output_bytes = 0;
   int64_t weighted_tensors = 0;  // tensors quantized with an importance entry
+  int64_t hessian_tensors = 0;   // tensors quantized by gptq / awq from their input covariance
 };
 
 // Quantizes options.input into options.output (written to a temporary file in the output's
