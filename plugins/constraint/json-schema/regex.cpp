@@ -1,7 +1,6 @@
 #include "regex.h"
 
 #include <algorithm>
-#include <cctype>
 #include <map>
 
 namespace tessera::json_constraint {
@@ -690,25 +689,6 @@ std::string utf8_encode(uint32_t cp) {
     s += static_cast<char>(0x80 | (cp & 0x3F));
   }
   return s;
-}
-
-std::string regex_escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x80 && !std::isalnum(u)) {
-      if (u < 0x20 || u == 0x7f) {
-        static const char* hex = "0123456789abcdef";
-        out += "\\x";
-        out += hex[u >> 4];
-        out += hex[u & 15];
-        continue;
-      }
-      out += '\\';
-    }
-    out += c;
-  }
-  return out;
 }
 
 namespace {

@@ -59,9 +59,6 @@ Status compile_regex(std::string_view pattern, RegexMode mode, const RegexLimits
 // character but those when `negated`. GBNF character classes and `.` compile to this.
 Status compile_char_class(std::vector<std::pair<uint32_t, uint32_t>> ranges, bool negated, ByteDfa* out);
 
-// `text` as a regex that matches exactly it (guided_choice).
-std::string regex_escape(std::string_view text);
-
 // A regex (full match) for the canonical JSON integers in [lo, hi]: no leading zeros, no "-0".
 std::string integer_range_regex(int64_t lo, int64_t hi);
 // A regex for JSON numbers in [lo, hi] (integer bounds, either side open when the flag is
