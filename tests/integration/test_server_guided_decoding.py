@@ -237,14 +237,15 @@ class Grammar(unittest.TestCase):
                 return chat(prompt, max_tokens=max_tokens, **{field: grammar})
             return complete(prompt, max_tokens=max_tokens, **{field: grammar})
 
-        finished = 0
         for text, finish in parallel(run, list(enumerate(prompts))):
             self.assertIn(finish, ("stop", "length"))
             if finish == "stop":
-                finished += 1
                 self.assertTrue(check(text), f"{field}: {text!r}")
-        # Most outputs end on their own well within max_tokens.
-        self.assertGreaterEqual(finished, len(prompts) // 2)
+                continue
+            # Cut by max_tokens (these languages never have to end, and the model rarely picks
+            # the end token): the output up to one of its last line ends is a whole output.
+            cuts = [i + 1 for i, ch in enumerate(text) if ch == "\n"][-2:]
+            self.assertTrue(any(check(text[:k]) for k in cuts), f"{field}: {text!r}")
 
     def test_arithmetic(self):
         prompts = [f"Write {k} equations, one a line:\n" for k in ("two", "some", "three", "simple", "short", "easy")]

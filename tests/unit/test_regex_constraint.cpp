@@ -229,6 +229,12 @@ TEST_CASE("JSON Schema: pattern, integer and number bounds are enforced") {
   CHECK_FALSE(accepts(m, doc("ABC-12", "cat", "30", "-0.1", "[\"x\"]")));
   CHECK_FALSE(accepts(m, doc("ABC-12", "cat", "30", "0.5", "[]")));
   CHECK_FALSE(accepts(m, doc("ABC-12", "cat", "30", "0.5", "[\"x\", \"y\", \"z\"]")));
+  // maxLength with a pattern: no character that leaves too little room to finish the match.
+  const ByteMatcher room = schema_matcher(R"({"type": "string", "pattern": "[A-Z]{2}", "maxLength": 3})");
+  State st = room.initial();
+  CHECK(room.feed_all(&st, "\"a"));
+  CHECK_FALSE(room.feed_all(&st, "b"));
+  CHECK(accepts(room, "\"aXY\""));
   // Bounds that a regex cannot hold exactly are refused, naming the keyword.
   CHECK(schema_error(R"({"type": "number", "exclusiveMinimum": 0})").find("exclusiveMinimum: is not enforced exactly") == 0);
   CHECK(schema_error(R"({"type": "number", "maximum": 2.5})").find("maximum: is enforced on a number only when") == 0);

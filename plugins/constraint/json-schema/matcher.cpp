@@ -448,6 +448,11 @@ void ByteMatcher::step_string(Thread& t, uint8_t c, State* out) const {
   const Node& n = node(f.node);
   const bool counted = n.min_count > 0 || n.max_count >= 0;
   const ByteDfa* pattern = n.dfa >= 0 ? &grammar_.dfas[static_cast<size_t>(n.dfa)] : nullptr;
+  // With a maxLength, the characters left must still be enough to finish the pattern's match
+  // (f.a counts the characters so far, this one included).
+  auto room_for_match = [&](int32_t dfa_state) {
+    return n.max_count < 0 || f.a + pattern->min_chars_to_accept(dfa_state) <= n.max_count;
+  };
   // A new character starts: within maxLength? (Counted up to what the bounds need.)
   auto start_char = [&] {
     if (!counted) return true;
@@ -478,7 +483,7 @@ void ByteMatcher::step_string(Thread& t, uint8_t c, State* out) const {
           f.phase = kStrEscape;
         } else {
           const int32_t next = pattern->next(f.b, c);
-          if (next < 0) return;
+          if (next < 0 || !room_for_match(next)) return;
           f.b = next;
         }
         emit(t, out);
@@ -512,7 +517,7 @@ void ByteMatcher::step_string(Thread& t, uint8_t c, State* out) const {
           default: return;
         }
         const int32_t next = pattern->next(f.b, decoded);
-        if (next < 0) return;
+        if (next < 0 || !room_for_match(next)) return;
         f.b = next;
         f.phase = kStrBody;
         emit(t, out);

@@ -1,6 +1,8 @@
 #include "regex.h"
 
 #include <algorithm>
+#include <climits>
+#include <deque>
 #include <map>
 
 namespace tessera::json_constraint {
@@ -586,6 +588,31 @@ class DfaBuilder {
         const int32_t rt = t >= 0 ? renumber[static_cast<size_t>(t)] : -1;
         dfa.next_[r * 256 + static_cast<size_t>(c)] = rt;
         if (rt >= 0) dfa.has_next_[r] = 1;
+      }
+    }
+    // Distances to a match by 0-1 breadth-first search over reversed edges (a continuation
+    // byte costs nothing: it does not start a character).
+    dfa.min_chars_.assign(static_cast<size_t>(count), INT32_MAX);
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> reverse(static_cast<size_t>(count));
+    for (int32_t s = 0; s < count; ++s)
+      for (int c = 0; c < 256; ++c)
+        if (const int32_t t = dfa.next(s, static_cast<uint8_t>(c)); t >= 0)
+          reverse[static_cast<size_t>(t)].push_back({s, (c & 0xC0) == 0x80 ? 0 : 1});
+    std::deque<int32_t> queue;
+    for (int32_t s = 0; s < count; ++s)
+      if (dfa.accepting(s)) {
+        dfa.min_chars_[static_cast<size_t>(s)] = 0;
+        queue.push_back(s);
+      }
+    while (!queue.empty()) {
+      const int32_t t = queue.front();
+      queue.pop_front();
+      for (const auto& [s, w] : reverse[static_cast<size_t>(t)]) {
+        const int32_t d = dfa.min_chars_[static_cast<size_t>(t)] + w;
+        if (d >= dfa.min_chars_[static_cast<size_t>(s)]) continue;
+        dfa.min_chars_[static_cast<size_t>(s)] = d;
+        if (w == 0) queue.push_front(s);
+        else queue.push_back(s);
       }
     }
     *out = std::move(dfa);

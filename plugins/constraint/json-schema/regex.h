@@ -30,6 +30,9 @@ class ByteDfa {
   // Some byte leads on from `state` (false: a match that must end here).
   bool has_next(int32_t state) const { return has_next_[static_cast<size_t>(state)] != 0; }
   int32_t num_states() const { return static_cast<int32_t>(accepting_.size()); }
+  // The fewest characters (UTF-8 lead or ASCII bytes) from `state` to a match: a string with
+  // a maxLength stops taking characters that would leave no room to finish the match.
+  int32_t min_chars_to_accept(int32_t state) const { return min_chars_[static_cast<size_t>(state)]; }
   // Runs the whole string from the start; true if it ends in an accepting state.
   bool matches(std::string_view bytes) const;
 
@@ -38,6 +41,7 @@ class ByteDfa {
   std::vector<int32_t> next_;  // num_states * 256
   std::vector<uint8_t> accepting_;
   std::vector<uint8_t> has_next_;
+  std::vector<int32_t> min_chars_;
 };
 
 enum class RegexMode {
