@@ -480,6 +480,14 @@ void ByteMatcher::step_string(Thread& t, uint8_t c, State* out) const {
         // so it takes the raw bytes itself; b is its state.
         if ((c & 0xC0) != 0x80 && !start_char()) return;
         if (c == '\\') {
+          // Only if some escape can continue the match: else a token ending in the backslash
+          // would lead where no token can follow.
+          bool any = false;
+          for (uint8_t e : {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'}) {
+            const int32_t next = pattern->next(f.b, e);
+            any = any || (next >= 0 && room_for_match(next));
+          }
+          if (!any) return;
           f.phase = kStrEscape;
         } else {
           const int32_t next = pattern->next(f.b, c);
