@@ -1,5 +1,6 @@
 // tessera bench constrained: what structured output costs in decode throughput. `batch`
-// greedy sequences decode side by side, once plain and once under a JSON Schema (the engine's
+// greedy sequences decode side by side, once plain and once under a JSON Schema, a regex or a
+// GBNF grammar (--kind; the engine's
 // constraint plugin masks every row), in alternating rounds on one engine; only steps that
 // are one pure decode batch are timed, as in `bench roofline`. The default schema asks for at
 // least 1000 objects of a name (string), an age (integer) and a flag (boolean), so no
@@ -23,8 +24,21 @@ const char* kDefaultSchema = R"({"type": "array", "minItems": 1000, "items": {"t
   "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "member": {"type": "boolean"}},
   "required": ["name", "age", "member"]}})";
 
+// Unbounded languages too: a sentence after sentence, and llama.cpp's JSON grammar with one
+// object a line, for ever (the + never lets the output be complete).
+const char* kDefaultRegex = "([A-Z][a-z]{0,15}(,? [a-z]{1,15}){0,12}[.!?] )+";
+const char* kDefaultGrammar = R"gbnf(root   ::= (object "\n")+
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-7]{0,15})? ws
+ws     ::= | " " | "\n" [ \t]{0,20}
+)gbnf";
+
 struct ConstrainedOptions {
   std::string config;
+  std::string kind = "json_schema";
   std::string schema_path;
   int batch = 16;
   int steps = 48;
@@ -50,10 +64,10 @@ Measurement measure(Engine& engine, const Tokenizer& tok, const ConstrainedOptio
 }
 
 void run_constrained(const ConstrainedOptions& opt) {
-  std::string schema = kDefaultSchema;
+  std::string schema = opt.kind == "regex" ? kDefaultRegex : opt.kind == "grammar" ? kDefaultGrammar : kDefaultSchema;
   if (!opt.schema_path.empty()) {
     std::ifstream in(opt.schema_path);
-    if (!in) throw CommandError("bench constrained: --schema: cannot read " + opt.schema_path);
+    if (!in) throw CommandError("bench constrained: --spec: cannot read " + opt.schema_path);
     std::stringstream ss;
     ss << in.rdbuf();
     schema = ss.str();
@@ -62,8 +76,8 @@ void run_constrained(const ConstrainedOptions& opt) {
   Engine& engine = *stack.engine;
   const Tokenizer& tok = engine.model().tokenizer();
   std::shared_ptr<const CompiledConstraint> constraint;
-  Status st = engine.compile_constraint({"json_schema", schema}, &constraint);
-  if (!st.is_ok()) throw CommandError("bench constrained: --schema: " + st.message());
+  Status st = engine.compile_constraint({opt.kind, schema}, &constraint);
+  if (!st.is_ok()) throw CommandError("bench constrained: --spec (" + opt.kind + "): " + st.message());
 
   std::vector<Measurement> plain, constrained;
   for (int r = 0; r < opt.rounds; ++r) {
@@ -112,7 +126,7 @@ void run_constrained(const ConstrainedOptions& opt) {
                share.p50 * 100, share.min * 100, share.max * 100);
   if (!opt.json_path.empty()) {
     nlohmann::json j = {{"command", "constrained"}, {"config", stack.config.file}, {"batch", opt.batch},
-                        {"steps", opt.steps}, {"schema", schema}, {"rounds", rounds},
+                        {"steps", opt.steps}, {"kind", opt.kind}, {"spec", schema}, {"rounds", rounds},
                         {"cost_fraction_median", 1 - ratio.p50}, {"mask_share_median", share.p50}};
     std::ofstream(opt.json_path) << j.dump(2) << "\n";
   }
@@ -123,9 +137,14 @@ void run_constrained(const ConstrainedOptions& opt) {
 void add_constrained_subcommand(CLI::App& bench) {
   auto opt = std::make_shared<ConstrainedOptions>();
   CLI::App* c = bench.add_subcommand("constrained",
-                                     "decode throughput at a batch, plain vs under a JSON Schema, side by side");
+                                     "decode throughput at a batch, plain vs under a JSON Schema, regex or grammar, side by side");
   c->add_option("-c,--config", opt->config, "stack YAML (its engine.constraint slot masks the rows)");
-  c->add_option("--schema", opt->schema_path, "JSON Schema file (default: a long array of small objects)");
+  c->add_option("--kind", opt->kind, "constraint kind: json_schema, regex or grammar (GBNF)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"json_schema", "regex", "grammar"}));
+  c->add_option("--spec,--schema", opt->schema_path,
+                "file with the schema, regex or grammar (default: a long array of small objects; sentences; "
+                "JSON objects one a line)");
   c->add_option("-b,--batch", opt->batch, "sequences decoding together")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--steps", opt->steps, "decode steps timed per measurement")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("-r,--rounds", opt->rounds, "rounds (each measures both)")->capture_default_str()->check(CLI::PositiveNumber);

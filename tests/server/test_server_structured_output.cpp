@@ -191,3 +191,38 @@ TEST_CASE("tool calls are parsed back out of the text, whole and streamed") {
   CHECK(cut_stream.push("<tool").content.empty());
   CHECK(cut_stream.flush().content == "<tool");  // ended (max_tokens): what was held goes out
 }
+
+TEST_CASE("guided decoding fields: vLLM's guided_* and structured_outputs, llama.cpp's grammar") {
+  ApiError e;
+  auto regex = parse(R"({"guided_regex": "\\d+"})", &e);
+  REQUIRE(regex);
+  CHECK(regex->constrained());
+  CHECK(regex->constraint_field() == "guided_regex");
+  CHECK(constraint_spec(*regex).kind == "regex");
+  CHECK(constraint_spec(*regex).source == "\\d+");
+  // A choice is a regex of the strings, every punctuation character escaped.
+  auto choice = parse(R"({"structured_outputs": {"choice": ["a.b", "c(d)?"]}})", &e);
+  REQUIRE(choice);
+  CHECK(constraint_spec(*choice).kind == "regex");
+  CHECK(constraint_spec(*choice).source == "(?:a\\.b|c\\(d\\)\\?)");
+  CHECK(choice->constraint_field() == "structured_outputs.choice");
+  auto grammar = parse(R"({"grammar": "root ::= \"a\"\n"})", &e);
+  REQUIRE(grammar);
+  CHECK(constraint_spec(*grammar).kind == "grammar");
+  auto js = parse(R"({"guided_json": "{\"type\": \"object\", \"properties\": {\"z\": {}, \"a\": {}}}"})", &e);
+  REQUIRE(js);
+  CHECK(constraint_spec(*js).kind == "json_schema");
+  CHECK(constraint_spec(*js).source.find("\"z\"") < constraint_spec(*js).source.find("\"a\""));
+  // Errors: the field, and the position or line:column of the plugin's message.
+  CHECK(constraint_error(*regex, "position 1: missing ')'").message == "guided_regex: position 1: missing ')'");
+  CHECK(constraint_error(*grammar, "1:10: undefined rule 'x'").param == "grammar");
+  CHECK(constraint_error(*js, "properties.z.pattern: position 0: missing ')'").param == "guided_json.properties.z.pattern");
+  CHECK(error_param(R"({"guided_regex": "a", "guided_choice": ["a"]})") == "guided_choice");
+  CHECK(error_param(R"({"guided_choice": []})") == "guided_choice");
+  CHECK(error_param(R"({"guided_choice": ["a", 1]})") == "guided_choice[1]");
+  CHECK(error_param(R"({"guided_regex": 5})") == "guided_regex");
+  CHECK(error_param(R"({"structured_outputs": {"yaml": "x"}})") == "structured_outputs.yaml");
+  CHECK(error_param(R"({"guided_grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}})") ==
+        "guided_grammar");
+  CHECK(error_param(std::string(R"({"guided_regex": "a", "tools": )") + kTools + "}") == "guided_regex");
+}

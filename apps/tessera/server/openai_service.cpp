@@ -1120,11 +1120,12 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     arm = deployment->name();
     metrics_.count_route(gateway_.router_name(), arm);
   }
-  // response_format and tools, read from the body with its key order kept (schema properties
-  // are generated in the order the client wrote them), compiled by the constraint plugin.
+  // response_format, tools (chat) and the guided decoding fields (both), read from the body
+  // with its key order kept (schema properties are generated in the order the client wrote
+  // them), compiled by the constraint plugin.
   StructuredOutput structured;
   std::shared_ptr<const CompiledConstraint> constraint;
-  if (chat) {
+  {
     nlohmann::ordered_json ordered;
     try {
       ordered = nlohmann::ordered_json::parse(req.body());  // already parsed once: valid, bounded depth
@@ -1135,7 +1136,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
     if (!so) return bad_request(error.message, error.param);
     structured = std::move(*so);
     if (structured.constrained()) {
-      const std::string field = structured.uses_tools() ? "tools" : "response_format";
+      const std::string field = structured.constraint_field();
       Status st = deployment->compile_constraint(constraint_spec(structured), &constraint);
       if (st.code() == StatusCode::kInvalidArgument) {
         const ApiError e = constraint_error(structured, st.message());

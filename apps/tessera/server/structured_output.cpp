@@ -137,6 +137,95 @@ bool parse_tools(const ordered_json& body, StructuredOutput* so, ApiError* error
   return true;
 }
 
+// `text` as a regex (the constraint plugin's syntax, ECMAScript's) matching exactly it:
+// ASCII punctuation escaped, control characters as \xHH.
+std::string regex_literal(const std::string& text) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+      continue;
+    }
+    if (u < 0x80 && !std::isalnum(u)) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// One of the guided decoding fields.
+bool parse_guided_field(const ordered_json& v, const std::string& param, const std::string& what,
+                        StructuredOutput* so, ApiError* error) {
+  if (what == "choice") {
+    if (!v.is_array() || v.empty())
+      return fail(error, param, "expected a non-empty list of strings, got " + describe(v));
+    std::string pattern;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_string())
+        return fail(error, param + "[" + std::to_string(i) + "]", "expected a string, got " + describe(v[i]));
+      pattern += (i ? "|" : "") + regex_literal(v[i].get<std::string>());
+    }
+    so->guided_kind = "regex";
+    so->guided_source = "(?:" + pattern + ")";
+  } else if (what == "json") {
+    if (v.is_string()) {
+      try {
+        so->guided_source = ordered_json::parse(v.get<std::string>()).dump();
+      } catch (const std::exception&) {
+        return fail(error, param, "expected a JSON Schema (an object, or a string holding one)");
+      }
+    } else if (v.is_object() || v.is_boolean()) {
+      so->guided_source = v.dump();
+    } else {
+      return fail(error, param, "expected a JSON Schema object, got " + describe(v));
+    }
+    so->guided_kind = "json_schema";
+  } else {
+    if (!v.is_string() || v.get<std::string>().empty())
+      return fail(error, param, "expected a non-empty string, got " + describe(v));
+    so->guided_kind = what;  // regex | grammar
+    so->guided_source = v.get<std::string>();
+  }
+  so->guided_param = param;
+  return true;
+}
+
+bool parse_guided(const ordered_json& body, StructuredOutput* so, ApiError* error) {
+  // (field, kind of constraint) in the order a conflict is reported.
+  std::vector<std::pair<std::string, const ordered_json*>> given;
+  const std::pair<const char*, const char*> top[] = {
+      {"guided_regex", "regex"}, {"guided_choice", "choice"}, {"guided_grammar", "grammar"},
+      {"grammar", "grammar"},    {"guided_json", "json"}};
+  std::vector<std::string> kinds;
+  for (const auto& [name, what] : top)
+    if (const ordered_json* v = field(body, name)) {
+      given.push_back({name, v});
+      kinds.push_back(what);
+    }
+  if (const ordered_json* so_field = field(body, "structured_outputs")) {
+    if (!so_field->is_object())
+      return fail(error, "structured_outputs", "expected an object, got " + describe(*so_field));
+    for (const auto& [key, value] : so_field->items()) {
+      if (value.is_null()) continue;
+      if (key != "regex" && key != "choice" && key != "grammar" && key != "json")
+        return fail(error, "structured_outputs." + key, "is not supported (expected regex, choice, grammar or json)");
+      given.push_back({"structured_outputs." + key, &value});
+      kinds.push_back(key);
+    }
+  }
+  if (given.empty()) return true;
+  if (given.size() > 1)
+    return fail(error, given[1].first, "cannot be combined with " + given[0].first + " (one constraint per request)");
+  if (so->format != "text")
+    return fail(error, given[0].first, "cannot be combined with response_format " + so->format);
+  if (so->uses_tools())
+    return fail(error, given[0].first, "cannot be combined with tools unless tool_choice is \"none\"");
+  return parse_guided_field(*given[0].second, given[0].first, kinds[0], so, error);
+}
+
 std::string tools_system_prompt(const std::vector<ToolSpec>& tools) {
   // Qwen2.5's (Hermes-style) tools section, word for word.
   std::string s =
@@ -170,6 +259,7 @@ std::optional<StructuredOutput> parse_structured_output(const ordered_json& body
   if (so.uses_tools() && so.format != "text")
     return fail(error, "response_format", "cannot be combined with tools unless tool_choice is \"none\""),
            std::nullopt;
+  if (!parse_guided(body, &so, error)) return std::nullopt;
   return so;
 }
 
@@ -188,6 +278,7 @@ ConstraintSpec constraint_spec(const StructuredOutput& so) {
                          {"tools", tools}};
     return {"tool_calls", spec.dump()};
   }
+  if (so.uses_guided()) return {so.guided_kind, so.guided_source};
   if (so.format == "json_object") return {"json", ""};
   return {"json_schema", so.schema.dump()};
 }
@@ -195,6 +286,15 @@ ConstraintSpec constraint_spec(const StructuredOutput& so) {
 ApiError constraint_error(const StructuredOutput& so, const std::string& message) {
   std::string path = message.substr(0, message.find(": "));
   std::string rest = message.size() > path.size() ? message.substr(path.size()) : std::string();
+  if (so.uses_guided()) {
+    // A schema's errors start with its path; regex ("position N: ...") and grammar
+    // ("line:column: ...") errors belong to the field as a whole.
+    if (so.guided_kind == "json_schema" && path != "schema" && rest.size() > 2 &&
+        path.find(' ') == std::string::npos && path.rfind("position", 0) != 0)
+      return {so.guided_param + "." + path + rest, so.guided_param + "." + path};
+    if (so.guided_kind == "json_schema" && path == "schema") return {so.guided_param + rest, so.guided_param};
+    return {so.guided_param + ": " + message, so.guided_param};
+  }
   if (so.uses_tools()) {
     // "tools[k].parameters..." where k counts the tools handed to the constraint.
     const auto close = path.find(']');

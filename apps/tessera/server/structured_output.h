@@ -47,12 +47,26 @@ struct StructuredOutput {
   std::string named_tool;
   bool parallel_tool_calls = true;
 
+  // vLLM's guided_regex / guided_choice / guided_grammar / guided_json and structured_outputs
+  // {regex, choice, grammar, json}, llama.cpp's grammar: the constraint kind and source
+  // (tessera/sdk/constraint.h), and the field they came from ("guided_regex",
+  // "structured_outputs.choice", ...).
+  std::string guided_kind;
+  std::string guided_source;
+  std::string guided_param;
+
   bool uses_tools() const { return !tools.empty() && tool_choice != ToolChoice::kNone; }
-  bool constrained() const { return uses_tools() || format != "text"; }
+  bool uses_guided() const { return !guided_kind.empty(); }
+  bool constrained() const { return uses_tools() || uses_guided() || format != "text"; }
+  // The request field a constraint error belongs to.
+  std::string constraint_field() const {
+    return uses_tools() ? "tools" : uses_guided() ? guided_param : "response_format";
+  }
 };
 
-// Reads response_format, tools, tool_choice and parallel_tool_calls of a chat body (parsed
-// with key order kept, so schema properties come out in the order the client wrote them).
+// Reads response_format, tools, tool_choice and parallel_tool_calls of a chat body, and the
+// guided decoding fields of a chat or completions body (parsed with key order kept, so schema
+// properties come out in the order the client wrote them).
 std::optional<StructuredOutput> parse_structured_output(const nlohmann::ordered_json& body, ApiError* error);
 
 // The constraint the request asks for (call only when constrained()).

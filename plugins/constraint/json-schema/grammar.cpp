@@ -1,6 +1,8 @@
 #include "grammar.h"
 
+#include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace tessera::json_constraint {
@@ -210,22 +212,120 @@ class SchemaCompiler {
       if (!(st = count(schema, "maxLength", path, &n.max_count)).is_ok()) return st;
       if (n.max_count >= 0 && n.max_count < n.min_count)
         return fail(join(path, "maxLength"), "is below minLength");
-      *out = n.min_count == 0 && n.max_count < 0 ? g_->string_node : add(std::move(n));
+      if (auto p = schema.find("pattern"); p != schema.end()) {
+        if (!p->is_string()) return fail(join(path, "pattern"), "expected a regex string, got " + describe(*p));
+        ByteDfa dfa;
+        if (!(st = compile_regex(p->get<std::string>(), RegexMode::kSearch, RegexLimits{}, &dfa)).is_ok())
+          return fail(join(path, "pattern"), st.message());
+        n.dfa = static_cast<int32_t>(g_->dfas.size());
+        g_->dfas.push_back(std::move(dfa));
+      }
+      *out = n.min_count == 0 && n.max_count < 0 && n.dfa < 0 ? g_->string_node : add(std::move(n));
       return Status::ok();
     }
-    if (type == "number" || type == "integer") {
-      Node n;
-      n.kind = NodeKind::kNumber;
-      n.integer = type == "integer";
-      *out = n.integer ? add(std::move(n)) : g_->number_node;
-      return Status::ok();
-    }
+    if (type == "number" || type == "integer") return compile_number(schema, type == "integer", path, out);
     if (type == "boolean") return literals({"true", "false"}, out);
     if (type == "null") return literals({"null"}, out);
     if (type == "array") return compile_array(schema, path, out);
     if (type == "object") return compile_object(schema, path, out);
     return fail(join(path, "type"), "unknown type \"" + type +
                                         "\" (expected object, array, string, number, integer, boolean or null)");
+  }
+
+  // A bound of a number schema: `key` as a number, or a draft-4 boolean exclusive flag.
+  Status bound(const ojson& schema, const char* key, const std::string& path, std::optional<double>* out) {
+    auto v = schema.find(key);
+    if (v == schema.end() || v->is_boolean()) return Status::ok();
+    if (!v->is_number()) return fail(join(path, key), "expected a number, got " + describe(*v));
+    *out = v->get<double>();
+    return Status::ok();
+  }
+
+  // Numbers and integers; with bounds, a regex over their digits (JSON's grammar has none).
+  Status compile_number(const ojson& schema, bool integer, const std::string& path, int32_t* out) {
+    std::optional<double> min, max, xmin, xmax;
+    Status st;
+    if (!(st = bound(schema, "minimum", path, &min)).is_ok()) return st;
+    if (!(st = bound(schema, "maximum", path, &max)).is_ok()) return st;
+    if (!(st = bound(schema, "exclusiveMinimum", path, &xmin)).is_ok()) return st;
+    if (!(st = bound(schema, "exclusiveMaximum", path, &xmax)).is_ok()) return st;
+    // Draft 4: "exclusiveMinimum": true makes minimum exclusive.
+    if (schema.value("exclusiveMinimum", ojson()).is_boolean() && schema["exclusiveMinimum"].get<bool>()) std::swap(min, xmin);
+    if (schema.value("exclusiveMaximum", ojson()).is_boolean() && schema["exclusiveMaximum"].get<bool>()) std::swap(max, xmax);
+    if (!min && !max && !xmin && !xmax) {
+      if (!integer) {
+        *out = g_->number_node;
+        return Status::ok();
+      }
+      Node n;
+      n.kind = NodeKind::kNumber;
+      n.integer = true;
+      *out = add(std::move(n));
+      return Status::ok();
+    }
+    const GrammarLimits& lim = g_->limits;
+    // The largest magnitude the number grammar writes (max_int_digits digits).
+    int64_t max_abs = 1;
+    for (int32_t k = 0; k < lim.max_int_digits && k < 18; ++k) max_abs *= 10;
+    max_abs -= 1;
+    const double limit = static_cast<double>(max_abs);
+    bool has_lo = false, has_hi = false;
+    int64_t lo = -max_abs, hi = max_abs;
+    std::string lo_key = "minimum", hi_key = "maximum";
+    auto tighten_lo = [&](double v, bool exclusive, const char* key) {
+      // The least allowed integer: ceil(v), one more when exclusive and v is whole.
+      double c = std::ceil(v);
+      if (exclusive && c == v) c += 1;
+      if (c > limit) c = limit + 1;  // nothing fits: reported below
+      if (c < -limit) return;        // below what can be written: no bound
+      const auto b = static_cast<int64_t>(c);
+      if (!has_lo || b > lo) {
+        lo = b;
+        lo_key = key;
+      }
+      has_lo = true;
+    };
+    auto tighten_hi = [&](double v, bool exclusive, const char* key) {
+      double f = std::floor(v);
+      if (exclusive && f == v) f -= 1;
+      if (f < -limit) f = -limit - 1;
+      if (f > limit) return;
+      const auto b = static_cast<int64_t>(f);
+      if (!has_hi || b < hi) {
+        hi = b;
+        hi_key = key;
+      }
+      has_hi = true;
+    };
+    if (!integer) {
+      // A regex over digits holds exactly only whole, inclusive bounds on a number.
+      for (const auto& [value, key] : {std::pair{xmin, "exclusiveMinimum"}, std::pair{xmax, "exclusiveMaximum"}})
+        if (value)
+          return fail(join(path, key), "is not enforced exactly on a number; use minimum / maximum with a whole "
+                                       "number, or type integer");
+      for (const auto& [value, key] : {std::pair{min, "minimum"}, std::pair{max, "maximum"}})
+        if (value && (*value != std::floor(*value) || std::fabs(*value) > limit))
+          return fail(join(path, key), "is enforced on a number only when it is a whole number of at most " +
+                                           std::to_string(lim.max_int_digits) + " digits (got " + ojson(*value).dump() + ")");
+    }
+    if (min) tighten_lo(*min, false, "minimum");
+    if (xmin) tighten_lo(*xmin, true, "exclusiveMinimum");
+    if (max) tighten_hi(*max, false, "maximum");
+    if (xmax) tighten_hi(*xmax, true, "exclusiveMaximum");
+    if (has_lo && has_hi && lo > hi) return fail(join(path, hi_key), "leaves no " + std::string(integer ? "integer" : "number") + " above " + lo_key);
+    if (has_lo && lo > max_abs) return fail(join(path, lo_key), "is above the largest number the grammar writes");
+    if (has_hi && hi < -max_abs) return fail(join(path, hi_key), "is below the smallest number the grammar writes");
+    const std::string pattern = integer ? integer_range_regex(has_lo ? lo : -max_abs, has_hi ? hi : max_abs)
+                                        : number_range_regex(has_lo, lo, has_hi, hi, max_abs, lim.max_frac_digits);
+    ByteDfa dfa;
+    if (!(st = compile_regex(pattern, RegexMode::kFullMatch, RegexLimits{}, &dfa)).is_ok())
+      return fail(path, "cannot enforce the bounds: " + st.message());
+    Node n;
+    n.kind = NodeKind::kRegex;
+    n.dfa = static_cast<int32_t>(g_->dfas.size());
+    g_->dfas.push_back(std::move(dfa));
+    *out = add(std::move(n));
+    return Status::ok();
   }
 
   Status compile_array(const ojson& schema, const std::string& path, int32_t* out) {
@@ -329,6 +429,53 @@ Status compile_json_object(const GrammarLimits& limits, Grammar* out) {
   out->limits = limits;
   add_builtins(out);
   out->root = out->generic_object_node;
+  return Status::ok();
+}
+
+std::vector<bool> nullable_nodes(const Grammar& g) {
+  std::vector<bool> nullable(g.nodes.size(), false);
+  // A fixpoint: cycles (recursive rules, $ref) start from "not nullable".
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (nullable[i]) continue;
+      const Node& n = g.nodes[i];
+      bool v = false;
+      switch (n.kind) {
+        case NodeKind::kLiterals:
+          for (const auto& l : n.literals) v = v || l.empty();
+          break;
+        case NodeKind::kAnyOf:
+          for (int32_t a : n.alternatives) v = v || nullable[static_cast<size_t>(a)];
+          break;
+        case NodeKind::kSequence:
+          v = true;
+          for (const auto& item : n.items)
+            if (item.node < 0 ? !item.literal.empty() : !nullable[static_cast<size_t>(item.node)]) v = false;
+          break;
+        case NodeKind::kRepeat: v = n.min_count == 0 || nullable[static_cast<size_t>(n.element)]; break;
+        case NodeKind::kFreeText: v = true; break;
+        case NodeKind::kRegex: v = g.dfas[static_cast<size_t>(n.dfa)].accepting(0); break;
+        default: break;
+      }
+      if (v) nullable[i] = changed = true;
+    }
+  }
+  return nullable;
+}
+
+Status compile_regex_output(std::string_view pattern, const GrammarLimits& limits, Grammar* out) {
+  *out = Grammar{};
+  out->limits = limits;
+  ByteDfa dfa;
+  Status st = compile_regex(pattern, RegexMode::kFullMatch, RegexLimits{}, &dfa);
+  if (!st.is_ok()) return st;
+  Node n;
+  n.kind = NodeKind::kRegex;
+  n.dfa = 0;
+  out->dfas.push_back(std::move(dfa));
+  out->nodes.push_back(std::move(n));
+  out->root = 0;
   return Status::ok();
 }
 

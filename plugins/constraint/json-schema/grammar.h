@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "regex.h"
 #include "tessera/sdk/status.h"
 
 namespace tessera::json_constraint {
@@ -25,6 +26,7 @@ enum class NodeKind : uint8_t {
   kSequence,   // literals and nodes in order (tool-call wrappers)
   kRepeat,     // one node, min..max times, joined by a separator literal
   kFreeText,   // any bytes; dies if the output starts with `literal` (auto tool choice)
+  kRegex,      // bytes the DFA `dfa` accepts (regex constraints, GBNF classes, bounded numbers)
 };
 
 struct Property {
@@ -57,6 +59,9 @@ struct Node {
   std::vector<SequenceItem> items;
   // kRepeat: separator; kFreeText: the forbidden prefix
   std::string literal;
+  // kRegex: the DFA (index into Grammar::dfas). kString: the `pattern` its decoded contents
+  // must match, or -1.
+  int32_t dfa = -1;
 };
 
 struct GrammarLimits {
@@ -78,7 +83,12 @@ struct Grammar {
   int32_t keyword_node = -1;  // true / false / null
   int32_t generic_object_node = -1;
   int32_t generic_array_node = -1;
+  std::vector<ByteDfa> dfas;
 };
+
+// Which nodes can match the empty string (the matcher lets an output end, and a sequence move
+// on, past them).
+std::vector<bool> nullable_nodes(const Grammar& g);
 
 // JSON Schema (the subset LangChain and Pydantic emit: type (also a list of types),
 // properties, required, additionalProperties, items, minItems, maxItems, minLength,
@@ -86,12 +96,20 @@ struct Grammar {
 // #/definitions/..., nullable) into a grammar. Properties are produced in schema order, each
 // optional one possibly left out; no properties beyond the schema's are produced (every output
 // still validates, as additional properties are allowed unless the schema says otherwise).
-// Validation-only keywords with no effect on the grammar (minimum, pattern, format, title,
-// description, default, examples, ...) are accepted and not enforced. Errors:
+// Enforced besides: `pattern` on strings (regex.h, search semantics as JSON Schema has it),
+// minimum / maximum / exclusiveMinimum / exclusiveMaximum on integers, and inclusive
+// integer-valued minimum / maximum on numbers (other number bounds are refused: a regex cannot
+// hold them exactly). Validation-only keywords with no effect on the grammar (format,
+// multipleOf, title, description, default, examples, ...) are accepted and not enforced. Errors:
 // kInvalidArgument "<path>: <problem>", path like "properties.address.type".
 Status compile_json_schema(const nlohmann::ordered_json& schema, const GrammarLimits& limits, Grammar* out);
 // Any JSON object (OpenAI json_object mode).
 Status compile_json_object(const GrammarLimits& limits, Grammar* out);
+// A regex that the whole output must match (guided_regex, guided_choice).
+Status compile_regex_output(std::string_view pattern, const GrammarLimits& limits, Grammar* out);
+// A GBNF grammar (llama.cpp's format; gbnf.cpp), its rule `root` the output. Errors:
+// kInvalidArgument "<line>:<column>: <problem>".
+Status compile_gbnf(std::string_view text, const GrammarLimits& limits, Grammar* out);
 // The "tool_calls" spec of tessera/sdk/constraint.h.
 Status compile_tool_calls(const nlohmann::ordered_json& spec, const GrammarLimits& limits, Grammar* out);
 

@@ -1,5 +1,6 @@
-// constraint.json-schema: structured output. Compiles JSON mode, a JSON Schema or a tool-call
-// spec (tessera/sdk/constraint.h) to a byte-level pushdown matcher (grammar.h, matcher.h);
+// constraint.json-schema: structured output. Compiles JSON mode, a JSON Schema, a tool-call
+// spec (tessera/sdk/constraint.h), a regex (regex.h) or a GBNF grammar (gbnf.cpp) to a
+// byte-level pushdown matcher (grammar.h, matcher.h);
 // per step the allowed-token mask comes from walking the vocabulary trie from the matcher
 // state, cached by state (token_mask.h). Compiled specs are cached too, so requests that send
 // the same schema share one grammar and its masks.
@@ -167,9 +168,13 @@ class JsonSchemaConstraint final : public Constraint {
       }
       st = spec.kind == "json_schema" ? json_constraint::compile_json_schema(doc, limits_, &grammar)
                                       : json_constraint::compile_tool_calls(doc, limits_, &grammar);
+    } else if (spec.kind == "regex") {
+      st = json_constraint::compile_regex_output(spec.source, limits_, &grammar);
+    } else if (spec.kind == "grammar") {
+      st = json_constraint::compile_gbnf(spec.source, limits_, &grammar);
     } else {
       return invalid_argument("kind: unknown constraint kind \"" + spec.kind +
-                              "\" (expected json, json_schema or tool_calls)");
+                              "\" (expected json, json_schema, tool_calls, regex or grammar)");
     }
     if (!st.is_ok()) return st;
     auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar), vocab, mask_entries_);
@@ -200,6 +205,6 @@ class JsonSchemaConstraint final : public Constraint {
 }  // namespace tessera
 
 TESSERA_REGISTER_PLUGIN(tessera::JsonSchemaConstraint, tessera::Constraint, "json-schema", "0.1.0",
-                        "structured output: JSON mode, JSON Schema and tool calls as token masks from a "
+                        "structured output: JSON mode, JSON Schema, tool calls, regex and GBNF grammars as token masks from a "
                         "byte-level pushdown matcher over a vocabulary trie",
                         tessera::kParams)

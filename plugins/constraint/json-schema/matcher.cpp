@@ -1,5 +1,6 @@
 #include "matcher.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace tessera::json_constraint {
@@ -21,7 +22,7 @@ enum : int32_t { kNumStart = 0, kNumMinus, kNumZero, kNumInt, kNumDot, kNumFrac,
 
 }  // namespace
 
-ByteMatcher::ByteMatcher(Grammar grammar) : grammar_(std::move(grammar)) {}
+ByteMatcher::ByteMatcher(Grammar grammar) : grammar_(std::move(grammar)), nullable_(nullable_nodes(grammar_)) {}
 
 State ByteMatcher::initial() const {
   Thread t;
@@ -84,10 +85,23 @@ bool ByteMatcher::endable(const Frame& f) const {
   switch (n.kind) {
     case NodeKind::kNumber:
       return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac || f.phase == kNumExpDigits;
-    case NodeKind::kRepeat: return f.phase == 1 && f.a >= n.min_count;
+    // Before the first element only when no element is needed (a repeated node never matches
+    // the empty string: gbnf.cpp refuses that).
+    case NodeKind::kRepeat: return (f.phase == 1 && f.a >= n.min_count) || (f.phase == 0 && f.a == 0 && n.min_count == 0);
     case NodeKind::kFreeText: return true;
+    case NodeKind::kRegex: return grammar_.dfas[static_cast<size_t>(n.dfa)].accepting(f.a);
     default: return false;
   }
+}
+
+bool ByteMatcher::sequence_rest_nullable(const Frame& f) const {
+  const Node& n = node(f.node);
+  if (f.b != 0) return false;  // inside a literal
+  for (size_t k = static_cast<size_t>(f.a); k < n.items.size(); ++k) {
+    const SequenceItem& item = n.items[k];
+    if (item.node < 0 ? !item.literal.empty() : !nullable_[static_cast<size_t>(item.node)]) return false;
+  }
+  return true;
 }
 
 bool ByteMatcher::thread_can_end(Thread t) const {
@@ -101,7 +115,10 @@ bool ByteMatcher::thread_can_end(Thread t) const {
       }
       return false;
     }
-    if (!endable(t.top())) return false;
+    // A sequence ends when the rest of it can be empty; in step() the nodes that are empty
+    // do that themselves, once pushed.
+    const bool ends = n.kind == NodeKind::kSequence ? sequence_rest_nullable(t.top()) : endable(t.top());
+    if (!ends) return false;
     pop(t);
   }
   return true;
@@ -227,8 +244,14 @@ void ByteMatcher::step(Thread& t, uint8_t c, State* out) const {
       }
       const SequenceItem& item = n.items[static_cast<size_t>(f.a)];
       if (item.node >= 0) {
-        ++f.a;
-        if (!push(t, item.node)) return;
+        if (f.a + 1 == static_cast<int32_t>(n.items.size())) {
+          // The last item replaces the sequence (nothing of it is left to match): right
+          // recursion in a grammar does not grow the stack.
+          f = {item.node, 0, 0, 0};
+        } else {
+          ++f.a;
+          if (!push(t, item.node)) return;
+        }
         step(t, c, out);
         return;
       }
@@ -245,7 +268,9 @@ void ByteMatcher::step(Thread& t, uint8_t c, State* out) const {
       const bool more = n.max_count < 0 || f.a < n.max_count;
       if (f.phase == 0) {
         f.phase = 1;
-        ++f.a;
+        // Unbounded: past the minimum the count no longer matters, and keeping it fixed lets
+        // the same state (and its cached mask) come back at every element.
+        if (n.max_count >= 0 || f.a < std::max(n.min_count, 1)) ++f.a;
         if (!push(t, n.element)) return;
         step(t, c, out);
         return;
@@ -269,6 +294,15 @@ void ByteMatcher::step(Thread& t, uint8_t c, State* out) const {
       }
       if (static_cast<uint8_t>(n.literal[static_cast<size_t>(f.b)]) != c) return;
       if (++f.b == static_cast<int32_t>(n.literal.size())) f.phase = 0;
+      emit(t, out);
+      return;
+    }
+    case NodeKind::kRegex: {
+      const ByteDfa& dfa = grammar_.dfas[static_cast<size_t>(n.dfa)];
+      const int32_t next = dfa.next(f.a, c);
+      if (next < 0) return;
+      f.a = next;
+      if (!dfa.has_next(next)) pop(t);  // a match that cannot go on: done
       emit(t, out);
       return;
     }
@@ -413,6 +447,12 @@ void ByteMatcher::step_string(Thread& t, uint8_t c, State* out) const {
   Frame& f = t.top();
   const Node& n = node(f.node);
   const bool counted = n.min_count > 0 || n.max_count >= 0;
+  const ByteDfa* pattern = n.dfa >= 0 ? &grammar_.dfas[static_cast<size_t>(n.dfa)] : nullptr;
+  // With a maxLength, the characters left must still be enough to finish the pattern's match
+  // (f.a counts the characters so far, this one included).
+  auto room_for_match = [&](int32_t dfa_state) {
+    return n.max_count < 0 || f.a + pattern->min_chars_to_accept(dfa_state) <= n.max_count;
+  };
   // A new character starts: within maxLength? (Counted up to what the bounds need.)
   auto start_char = [&] {
     if (!counted) return true;
@@ -429,11 +469,34 @@ void ByteMatcher::step_string(Thread& t, uint8_t c, State* out) const {
     case kStrBody:
       if (c == '"') {
         if (f.a < n.min_count) return;
+        if (pattern && !pattern->accepting(f.b)) return;
         pop(t);
         emit(t, out);
         return;
       }
       if (c < 0x20 || c == 0x7f) return;  // control characters must be escaped (and DEL is not wanted)
+      if (pattern) {
+        // The pattern's DFA sees the decoded characters and admits only well-formed UTF-8,
+        // so it takes the raw bytes itself; b is its state.
+        if ((c & 0xC0) != 0x80 && !start_char()) return;
+        if (c == '\\') {
+          // Only if some escape can continue the match: else a token ending in the backslash
+          // would lead where no token can follow.
+          bool any = false;
+          for (uint8_t e : {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'}) {
+            const int32_t next = pattern->next(f.b, e);
+            any = any || (next >= 0 && room_for_match(next));
+          }
+          if (!any) return;
+          f.phase = kStrEscape;
+        } else {
+          const int32_t next = pattern->next(f.b, c);
+          if (next < 0 || !room_for_match(next)) return;
+          f.b = next;
+        }
+        emit(t, out);
+        return;
+      }
       if (!start_char()) return;
       if (c == '\\') {
         f.phase = kStrEscape;
@@ -449,6 +512,25 @@ void ByteMatcher::step_string(Thread& t, uint8_t c, State* out) const {
       emit(t, out);
       return;
     case kStrEscape:
+      if (pattern) {
+        // \u escapes are not offered here: the model can write the character itself.
+        uint8_t decoded = 0;
+        switch (c) {
+          case '"': case '\\': case '/': decoded = c; break;
+          case 'b': decoded = '\b'; break;
+          case 'f': decoded = '\f'; break;
+          case 'n': decoded = '\n'; break;
+          case 'r': decoded = '\r'; break;
+          case 't': decoded = '\t'; break;
+          default: return;
+        }
+        const int32_t next = pattern->next(f.b, decoded);
+        if (next < 0 || !room_for_match(next)) return;
+        f.b = next;
+        f.phase = kStrBody;
+        emit(t, out);
+        return;
+      }
       if (c == 'u') {
         f.phase = kStrHex;
         f.b = 4;

@@ -71,12 +71,15 @@ class ByteMatcher {
   bool push(Thread& t, int32_t node) const;                 // false: too deep
   void pop(Thread& t) const;  // the top frame's value is done (and finished sequences above)
   bool endable(const Frame& f) const;
+  // The rest of a sequence frame can match nothing (the sequence may end here).
+  bool sequence_rest_nullable(const Frame& f) const;
   bool thread_can_end(Thread t) const;
   void emit(const Thread& t, State* out) const;
   static void load(const State& s, size_t* offset, Thread* t);
   const Node& node(int32_t id) const { return grammar_.nodes[static_cast<size_t>(id)]; }
 
   Grammar grammar_;
+  std::vector<bool> nullable_;  // by node (grammar.h nullable_nodes)
 };
 
 }  // namespace tessera::json_constraint
