@@ -33,6 +33,10 @@ struct ConstraintVocabulary {
 //    "end", "separator", "allow_text", "parallel"}: one or more `begin` JSON `end` blocks
 //    joined by `separator`, each JSON {"name": <a tool's name>, "arguments": <that tool's
 //    parameters schema>}; with allow_text, plain text that does not start with `begin` instead.
+//  - "regex": source is a regular expression the whole output must match (vLLM's guided_regex).
+//  - "grammar": source is a grammar in llama.cpp's GBNF format, starting at rule `root`.
+// A plugin refuses a kind it does not implement with kInvalidArgument naming it. The kinds are
+// strings, so a new kind needs no ABI change; constraint.json-schema implements all five.
 struct ConstraintSpec {
   std::string kind;
   std::string source;
