@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_bench_command(app);
   tessera::cli::add_eval_command(app);
   tessera::cli::add_quantize_command(app);
+  tessera::cli::add_router_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
