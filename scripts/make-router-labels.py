@@ -118,6 +118,32 @@ def correct(output, answer, kind):
     return re.search(r"(?<![a-z])" + re.escape(answer.lower()) + r"(?![a-z])", text) is not None
 
 
+LLAMA_TEMPLATES = {"small": None, "large": "gemma"}  # SmolLM2's GGUF has its template; Gemma's has none
+
+
+def start_llama_server(binary, model_path, template):
+    """llama.cpp's server on one GGUF (the reference stack), greedy, 4 parallel slots."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [binary, "-m", model_path, "--port", str(port), "--host", "127.0.0.1", "-t", "2", "-np", "4",
+           "-c", "4096", "--jinja"]
+    if template:
+        cmd += ["--chat-template", template]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc, port
+        except Exception:
+            time.sleep(1)
+    proc.kill()
+    sys.exit(f"llama-server on {model_path} did not start")
+
+
 def start_server(tessera):
     tmp = tempfile.mkdtemp(prefix="tessera-router-labels-")
     config = os.path.join(tmp, "gw.yaml")
@@ -148,7 +174,7 @@ def start_server(tessera):
 
 def ask(port, model, prompt):
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt + " Answer briefly."}],
-                       "max_tokens": 16, "temperature": 0}).encode()
+                       "max_tokens": 16, "temperature": 0, "seed": 0}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
@@ -159,20 +185,36 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tessera", default=os.path.join(SOURCE, "build", "bin", "tessera"))
     ap.add_argument("--out", default=os.path.join(SOURCE, "data", "router", "labelled.jsonl"))
-    ap.add_argument("--per-family", type=int, default=70, help="questions per family (12 families)")
+    ap.add_argument("--per-family", type=int, default=70, help="questions per family (11 families)")
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--llama-server", default="",
+                    help="answer with llama.cpp's llama-server (this binary) on the same GGUF files instead of tessera")
+    ap.add_argument("--models", default=os.path.expanduser("~/.cache/tessera/models"))
     args = ap.parse_args()
     qs = questions(random.Random(args.seed), args.per_family)
-    proc, port = start_server(args.tessera)
     t0 = time.time()
-    try:
-        with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-            small = list(pool.map(lambda q: ask(port, "small", q[1]), qs))
-            large = list(pool.map(lambda q: ask(port, "large", q[1]), qs))
-    finally:
-        proc.terminate()
-        proc.wait()
+    answers = {}
+    if args.llama_server:
+        files = {"small": "SmolLM2-135M-Instruct.Q4_1.gguf", "large": "gemma-3-270m-q4_k_m.gguf"}
+        for name, file in files.items():
+            proc, port = start_llama_server(args.llama_server, os.path.join(args.models, file), LLAMA_TEMPLATES[name])
+            try:
+                with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                    answers[name] = list(pool.map(lambda q: ask(port, name, q[1]), qs))
+            finally:
+                proc.terminate()
+                proc.wait()
+    else:
+        proc, port = start_server(args.tessera)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                for name in ("small", "large"):
+                    answers[name] = list(pool.map(lambda q: ask(port, name, q[1]), qs))
+        finally:
+            proc.terminate()
+            proc.wait()
+    small, large = answers["small"], answers["large"]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     counts = {}
     with open(args.out, "w") as f:

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../../plugins/router/classifier/complexity_model.h"
+#include "cmd_router.h"
 #include "commands.h"
 #include "tessera/config.h"
 #include "tessera/embedding/encoder_model.h"

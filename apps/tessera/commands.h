@@ -24,7 +24,6 @@ void add_config_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
-void add_router_command(CLI::App& app);  // tessera router train
 
 // The default stack when --config is not given: configs/smollm2-cpu.yaml from the source
 // tree or the install prefix.

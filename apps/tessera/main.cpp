@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "cmd_router.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {

@@ -73,7 +73,6 @@ class OpenAiService : public HttpHandler {
 
  private:
   friend struct GenerationCall;
-struct PendingGeneration;  // a parsed generation request waiting for its deployment
 
   void route(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
              const std::string& endpoint);
