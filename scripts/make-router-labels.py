@@ -6,7 +6,7 @@ packages ship (iso-codes: /usr/share/iso-codes/json/iso_3166-1.json, iso_4217.js
 iso_639-2.json; tzdata through Python's zoneinfo: city -> continent; Python's calendar
 module: weekday and month names, month lengths) or computed (arithmetic, counting letters
 and words). Both real models answer every prompt through a real `tessera serve` with two
-deployments (greedy, max_tokens 16): SmolLM2-135M-Instruct Q4_1 (`small`) and Gemma 3 270M
+deployments (greedy, max_tokens 12): SmolLM2-135M-Instruct Q4_1 (`small`) and Gemma 3 270M
 Q4_K_M (`large`). The label is "large" when only the large model answers correctly, else
 "small" (both right, only the small one right, or both wrong: the large model would not
 help, so the cheap one is as good).
@@ -105,11 +105,11 @@ def questions(rng, per_family):
 def correct(output, answer, kind):
     text = output.strip().lower()
     if kind == "int":
-        # The first number the model says, digits or a small number word.
-        m = re.search(r"-?\d[\d,]*|\b(" + "|".join(NUMBER_WORDS) + r")\b", text)
-        if not m:
+        # The last number the model says (digits or a small number word): "718 + 964 = 1682".
+        found = re.findall(r"-?\d[\d,]*\d|-?\d|\b(?:" + "|".join(NUMBER_WORDS) + r")\b", text)
+        if not found:
             return False
-        tok = m.group(0)
+        tok = found[-1]
         value = NUMBER_WORDS[tok] if tok in NUMBER_WORDS else int(tok.replace(",", ""))
         return value == int(answer)
     if len(answer) == 1:  # a letter: the answer's first letter-only word, or a quoted letter
@@ -174,7 +174,7 @@ def start_server(tessera):
 
 def ask(port, model, prompt):
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt + " Answer briefly."}],
-                       "max_tokens": 16, "temperature": 0, "seed": 0}).encode()
+                       "max_tokens": 12, "temperature": 0, "seed": 0}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
@@ -185,7 +185,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tessera", default=os.path.join(SOURCE, "build", "bin", "tessera"))
     ap.add_argument("--out", default=os.path.join(SOURCE, "data", "router", "labelled.jsonl"))
-    ap.add_argument("--per-family", type=int, default=70, help="questions per family (11 families)")
+    ap.add_argument("--per-family", type=int, default=20, help="questions per family (11 families)")
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--llama-server", default="",
