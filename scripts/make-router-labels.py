@@ -99,7 +99,7 @@ def questions(rng, per_family):
         n = rng.randint(2, 8)
         sentence = " ".join(rng.sample(words, n))
         add("count-words", f"How many words are in this text: \"{sentence}\"?", n, "int")
-    return out
+    return [(f, q + " Answer briefly.", a, k) for f, q, a, k in out]
 
 
 def correct(output, answer, kind):
@@ -173,7 +173,7 @@ def start_server(tessera):
 
 
 def ask(port, model, prompt):
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt + " Answer briefly."}],
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
                        "max_tokens": 12, "temperature": 0, "seed": 0}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json"})
@@ -190,31 +190,74 @@ def main():
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--llama-server", default="",
                     help="answer with llama.cpp's llama-server (this binary) on the same GGUF files instead of tessera")
+    ap.add_argument("--label-only", action="store_true",
+                    help="only label the prompts both models have answered (the answer files next to --out)")
     ap.add_argument("--models", default=os.path.expanduser("~/.cache/tessera/models"))
     args = ap.parse_args()
     qs = questions(random.Random(args.seed), args.per_family)
+    # Asked in a shuffled order and kept as they arrive (one JSONL per model next to --out), so
+    # an interrupted run resumes and a partial one still covers every family.
+    order = list(range(len(qs)))
+    random.Random(args.seed + 1).shuffle(order)
     t0 = time.time()
     answers = {}
-    if args.llama_server:
+    stem = os.path.splitext(os.path.abspath(args.out))[0]
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
+
+    def answer_all(name, ask_one):
+        path = f"{stem}.answers-{name}.jsonl"
+        got = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    r = json.loads(line)
+                    got[r["prompt"]] = r["output"]
+        lock = threading.Lock()
+        with open(path, "a") as f:
+            def one(i):
+                prompt = qs[i][1]
+                if prompt not in got:
+                    out = ask_one(prompt)
+                    with lock:
+                        got[prompt] = out
+                        f.write(json.dumps({"prompt": prompt, "output": out}, ensure_ascii=False) + "\n")
+                        f.flush()
+            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                list(pool.map(one, order))
+        answers[name] = got
+
+    if args.label_only:
+        # Label what both models have answered so far (an interrupted run's files).
+        for name in ("small", "large"):
+            with open(f"{stem}.answers-{name}.jsonl") as f:
+                answers[name] = {r["prompt"]: r["output"] for r in map(json.loads, f)}
+    elif args.llama_server:
         files = {"small": "SmolLM2-135M-Instruct.Q4_1.gguf", "large": "gemma-3-270m-q4_k_m.gguf"}
-        for name, file in files.items():
-            proc, port = start_llama_server(args.llama_server, os.path.join(args.models, file), LLAMA_TEMPLATES[name])
-            try:
-                with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-                    answers[name] = list(pool.map(lambda q: ask(port, name, q[1]), qs))
-            finally:
+        servers = {name: start_llama_server(args.llama_server, os.path.join(args.models, file), LLAMA_TEMPLATES[name])
+                   for name, file in files.items()}
+        try:
+            # Both models at once: each server has its own threads.
+            threads = [threading.Thread(target=answer_all, args=(name, lambda p, port=port, name=name: ask(port, name, p)))
+                       for name, (_, port) in servers.items()]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait()
     else:
         proc, port = start_server(args.tessera)
         try:
-            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-                for name in ("small", "large"):
-                    answers[name] = list(pool.map(lambda q: ask(port, name, q[1]), qs))
+            for name in ("small", "large"):
+                answer_all(name, lambda p, name=name: ask(port, name, p))
         finally:
             proc.terminate()
             proc.wait()
-    small, large = answers["small"], answers["large"]
+    qs = [q for q in qs if q[1] in answers["small"] and q[1] in answers["large"]]
+    small = [answers["small"][q[1]] for q in qs]
+    large = [answers["large"][q[1]] for q in qs]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     counts = {}
     with open(args.out, "w") as f:
