@@ -128,9 +128,10 @@ def start_llama_server(binary, model_path, template):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [binary, "-m", model_path, "--port", str(port), "--host", "127.0.0.1", "-t", "2", "-np", "4",
-           "-c", "4096", "--jinja"]
-    if template:
-        cmd += ["--chat-template", template]
+           "-c", "4096"]
+    # A GGUF's own template runs as Jinja; a built-in one is named without --jinja (with it,
+    # "gemma" would be read as the template text itself, and Gemma would answer nonsense).
+    cmd += ["--chat-template", template] if template else ["--jinja"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline:

@@ -29,6 +29,9 @@ ROUTER_FILE = os.path.join(h.SOURCE_DIR, "data", "router", "router.json")
 for need in ("gemma-3-270m-q4_k_m.gguf", "all-MiniLM-L6-v2"):
     if not os.path.exists(os.path.join(MODELS, need)):
         h.skip_or_fail(f"{need} is missing from {MODELS} (run scripts/fetch-models.sh gemma embedding)")
+if not os.path.exists(ROUTER_FILE):
+    h.skip_or_fail(f"{ROUTER_FILE} is missing (scripts/make-router-labels.py, then tessera router train "
+                   "--data data/router/labelled.jsonl --out data/router/router.json)")
 SERVER = None
 # Prompts of the labelled set's kinds, easy and hard by the router's training.
 PROMPTS = [

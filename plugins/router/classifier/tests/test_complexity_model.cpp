@@ -2,6 +2,8 @@
 // fit on data with a known answer, threshold calibration, and the file format's refusals.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "complexity_model.h"
