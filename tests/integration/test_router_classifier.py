@@ -25,7 +25,7 @@ import server_harness as h  # noqa: E402
 import test_server_dashboard as dash  # noqa: E402  (skips without Chromium; its DOM scanner and /metrics parser)
 
 MODELS = os.environ.get("TESSERA_MODEL_DIR", os.path.expanduser("~/.cache/tessera/models"))
-ROUTER_FILE = os.path.join(h.SOURCE_DIR, "data", "router", "router.json")
+ROUTER_FILE = os.environ.get("TESSERA_ROUTER_FILE", os.path.join(h.SOURCE_DIR, "data", "router", "router.json"))
 for need in ("gemma-3-270m-q4_k_m.gguf", "all-MiniLM-L6-v2"):
     if not os.path.exists(os.path.join(MODELS, need)):
         h.skip_or_fail(f"{need} is missing from {MODELS} (run scripts/fetch-models.sh gemma embedding)")

@@ -13,6 +13,8 @@
 // 2.4 CacheKey::tenant and CachedResponse::similarity (the semantic cache layer).
 // 2.5 AttentionShape::sliding_window and attention_window_begin (Gemma 3's local layers);
 // Backend::gelu_mul (GeGLU FFN), a virtual with a default, appended after silu_mul.
+// 2.6 RouteRequest::embedding, Router::needs_embedding and Router::metrics (RouterMetric), for
+// the classifier router (virtuals with defaults appended; the struct grew at its end).
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -26,7 +28,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 5
+#define TESSERA_SDK_ABI_MINOR 6
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x
