@@ -72,6 +72,7 @@ void run_serve(const ServeOptions& opt) {
   // deployment's engine, the first's as the headline), 15 minutes kept.
   server::StatsOptions stats_options;
   stats_options.roofline_report = opt.roofline_report;
+  stats_options.plugin_metrics = [&gateway](std::vector<CacheMetric>* out) { gateway.collect_plugin_metrics(out); };
   std::vector<server::StatsDeployment> stats_deployments;
   for (size_t i = 0; i < gateway.num_deployments(); ++i) {
     const auto& slots = stack.config.deployments[i].engine;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "cmd_router.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_bench_command(app);
   tessera::cli::add_eval_command(app);
   tessera::cli::add_quantize_command(app);
+  tessera::cli::add_router_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

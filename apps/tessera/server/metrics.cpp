@@ -130,6 +130,14 @@ void ServerMetrics::count_route(const std::string& router, const std::string& ar
 void ServerMetrics::observe_arm(const std::string& router, const std::string& arm, const RequestTimings& t) {
   observe_latencies(by_arm_[{router, arm}], t);
 }
+void ServerMetrics::observe_route_decision(const std::string& router, double seconds) {
+  // From a hash (microseconds) to an embedding forward on a loaded CPU (tens of milliseconds).
+  auto it = route_decision_.find(router);
+  if (it == route_decision_.end())
+    it = route_decision_.emplace(router, Histogram({1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0}))
+             .first;
+  it->second.observe(seconds);
+}
 
 ServerMetrics::ServerMetrics()
     : queue_time_(latency_buckets()), ttft_(latency_buckets()), tpot_(latency_buckets()),
@@ -216,7 +224,17 @@ std::string ServerMetrics::render(const EngineStats& e) const {
       out += "tessera_router_requests_total{" + label("router", k.first) + "," + label("arm", k.second) + "} " +
              std::to_string(n) + "\n";
   }
+  if (!route_decision_.empty()) {
+    header(&out, "tessera_router_decision_seconds", "histogram",
+           "Time a router took to choose a deployment, including the prompt's embedding when it needs one.");
+    for (const auto& [r, h] : route_decision_) h.render("tessera_router_decision_seconds", &out, label("router", r));
+  }
   if (!by_arm_.empty()) {
+    header(&out, "tessera_router_queue_time_seconds", "histogram",
+           "Arrival to first scheduled step of model-served sequences, by router and arm.");
+    for (const auto& [k, l] : by_arm_)
+      l.queue_time.render("tessera_router_queue_time_seconds", &out,
+                          label("router", k.first) + "," + label("arm", k.second));
     header(&out, "tessera_router_time_to_first_token_seconds", "histogram",
            "Arrival to first generated token of model-served sequences, by router and arm.");
     for (const auto& [k, l] : by_arm_)

@@ -54,6 +54,8 @@ class ServerMetrics {
   void count_cache(const std::string& deployment, const std::string& result, const std::string& tier);
   void count_route(const std::string& router, const std::string& arm);
   void observe_arm(const std::string& router, const std::string& arm, const RequestTimings& timings);
+  // How long a router took to choose (with the prompt's embedding when the router needs one).
+  void observe_route_decision(const std::string& router, double seconds);
 
   std::string render(const EngineStats& engine) const;
   // Each deployment's engine gauges, labelled deployment= (render() has the first's unlabelled).
@@ -79,6 +81,7 @@ class ServerMetrics {
   const std::map<std::string, Latencies>& deployment_latencies() const { return by_deployment_; }
   const std::map<std::pair<std::string, std::string>, Latencies>& arm_latencies() const { return by_arm_; }
   const std::map<std::pair<std::string, std::string>, uint64_t>& routed() const { return routed_; }
+  const std::map<std::string, Histogram>& route_decisions() const { return route_decision_; }
   const std::map<std::tuple<std::string, std::string, std::string>, uint64_t>& cache_requests() const {
     return cache_;
   }
@@ -94,6 +97,7 @@ class ServerMetrics {
   std::map<std::string, Latencies> by_deployment_;
   std::map<std::pair<std::string, std::string>, Latencies> by_arm_;      // (router, arm)
   std::map<std::pair<std::string, std::string>, uint64_t> routed_;       // (router, arm)
+  std::map<std::string, Histogram> route_decision_;                      // by router
   std::map<std::tuple<std::string, std::string, std::string>, uint64_t> cache_;  // (deployment, result, tier)
 };
 

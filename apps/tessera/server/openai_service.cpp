@@ -24,6 +24,19 @@
 
 namespace tessera::server {
 
+// A generation request parsed and admitted, on its way to a deployment (the router may still
+// be choosing one on the embedding thread).
+struct PendingGeneration {
+  bool chat = false;
+  GenerationSpec spec;
+  std::string body;            // the request body (structured output is read from it in key order)
+  std::string key_digest;      // a digest of the API key ("" without one)
+  std::string semantic_text;   // what a router classifies and a semantic cache embeds
+  std::vector<float> embedding;  // semantic_text's, when the router needed it
+  Deployment* deployment = nullptr;
+  bool routed = false;
+};
+
 using nlohmann::json;
 
 namespace {
@@ -853,6 +866,7 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
       engines.emplace_back(gateway_.deployment(i).name(), gateway_.engine(i).stats());
     ServerMetrics::render_deployment_engines(engines, &res.body());
     gateway_.render_cache_metrics(&res.body());
+    gateway_.render_router_metrics(&res.body());
     return reply(channel, endpoint, std::move(res));
   }
   if (stats_ && (path == "/v1/stats" || path == "/dashboard")) {
@@ -1106,20 +1120,100 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   } else if (!spec->prompts.empty() && spec->prompts[0].text) {
     semantic_text = *spec->prompts[0].text;
   }
-  std::string arm;
+  PendingGeneration g;
+  g.chat = chat;
+  g.spec = std::move(*spec);
+  g.key_digest = std::move(key_digest);
+  g.semantic_text = std::move(semantic_text);
+  g.deployment = deployment;
+  g.routed = routed;
   if (routed) {
     // Sticky per end user: the `user` field, else the API key.
+    const std::string user = g.spec.user.empty() ? g.key_digest : g.spec.user;
+    if (gateway_.router_needs_embedding() && !g.semantic_text.empty()) {
+      // The router reads the prompt's embedding: a model forward, so it runs on the gateway's
+      // embedding thread with the routing decision, and the request continues on this thread.
+      g.body = req.body();
+      const uint64_t request_id = next_call_++;
+      const auto start = std::chrono::steady_clock::now();
+      ++in_flight_;  // counted while it waits for the embedding, as an embeddings request is
+      AccessRecord access = current_ ? *current_ : AccessRecord{};
+      current_.reset();
+      auto pending = std::make_shared<PendingGeneration>(std::move(g));
+      auto executor = channel->executor();
+      gateway_.post_embedding_job([this, pending, channel, endpoint, executor, access, user, request_id,
+                                   start](EncoderModel& m) {
+        try {
+          pending->embedding = std::move(m.embed({m.encode(pending->semantic_text)})[0]);
+        } catch (const std::exception& e) {
+          // The router then decides without it (the classifier sends such a request to large).
+          spdlog::warn("serve: embedding the prompt for the router failed: {}", e.what());
+          pending->embedding.clear();
+        }
+        RouteRequest route;
+        route.request_id = request_id;
+        route.user = user;
+        route.prompt = pending->semantic_text;
+        route.embedding = pending->embedding;
+        Status st = gateway_.route(route, &pending->deployment);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        boost::asio::post(executor, [this, pending, channel, endpoint, access, st, seconds]() mutable {
+          --in_flight_;
+          current_ = access.path.empty() ? std::nullopt : std::optional<AccessRecord>(access);
+          try {
+            finish_routing(*pending, st, seconds, channel, endpoint);
+          } catch (const std::exception& e) {
+            spdlog::error("serve: POST {}: {}", endpoint, e.what());
+            reply_error(channel, endpoint, http::status::internal_server_error,
+                        std::string("internal error: ") + e.what(), "server_error");
+          }
+          current_.reset();
+        });
+      });
+      return;
+    }
     RouteRequest route;
     route.request_id = next_call_;
-    route.user = spec->user.empty() ? key_digest : spec->user;
-    route.prompt = semantic_text;
-    Status st = gateway_.route(route, &deployment);
-    if (!st.is_ok())
-      return reply_error(channel, endpoint, http::status::internal_server_error,
-                         "router '" + gateway_.router_name() + "': " + st.message(), "server_error");
-    arm = deployment->name();
-    metrics_.count_route(gateway_.router_name(), arm);
+    route.user = user;
+    route.prompt = g.semantic_text;
+    const auto start = std::chrono::steady_clock::now();
+    Status st = gateway_.route(route, &g.deployment);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    g.body = req.body();
+    return finish_routing(g, st, seconds, channel, endpoint);
   }
+  g.body = req.body();
+  submit_generation(g, channel, endpoint);
+}
+
+void OpenAiService::finish_routing(PendingGeneration& g, const Status& st, double seconds,
+                                   const std::shared_ptr<ResponseChannel>& channel, const std::string& endpoint) {
+  if (!st.is_ok())
+    return reply_error(channel, endpoint, http::status::internal_server_error,
+                       "router '" + gateway_.router_name() + "': " + st.message(), "server_error");
+  metrics_.observe_route_decision(gateway_.router_name(), seconds);
+  metrics_.count_route(gateway_.router_name(), g.deployment->name());
+  if (draining_)
+    return reply_error(channel, endpoint, http::status::service_unavailable, "the server is shutting down",
+                       "server_error", "", "shutting_down");
+  submit_generation(g, channel, endpoint);
+}
+
+// The rest of a generation request once its deployment is known: structured output, the chat
+// template and tokenization (with the chosen model's tokenizer), then submission.
+void OpenAiService::submit_generation(PendingGeneration& g, const std::shared_ptr<ResponseChannel>& channel,
+                                      const std::string& endpoint) {
+  const auto bad_request = [&](const std::string& message, const std::string& param) {
+    reply_error(channel, endpoint, http::status::bad_request, message, "invalid_request_error", param);
+  };
+  ApiError error;
+  const bool chat = g.chat;
+  const bool routed = g.routed;
+  Deployment* deployment = g.deployment;
+  std::optional<GenerationSpec> spec = std::move(g.spec);
+  const std::string& key_digest = g.key_digest;
+  const std::string& semantic_text = g.semantic_text;
+  const std::string arm = routed ? deployment->name() : std::string();
   // response_format, tools (chat) and the guided decoding fields (both), read from the body
   // with its key order kept (schema properties are generated in the order the client wrote
   // them), compiled by the constraint plugin.
@@ -1128,7 +1222,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
   {
     nlohmann::ordered_json ordered;
     try {
-      ordered = nlohmann::ordered_json::parse(req.body());  // already parsed once: valid, bounded depth
+      ordered = nlohmann::ordered_json::parse(g.body);  // already parsed once: valid, bounded depth
     } catch (const std::exception& e) {
       return bad_request(std::string("the body is not valid JSON: ") + e.what(), "");
     }
@@ -1239,6 +1333,7 @@ void OpenAiService::handle_generation(const HttpRequest& req, const std::shared_
       dreq.output_params = canonical_output_params(greq.params, call->spec.stop) + extra_params;
       dreq.reproducible = is_reproducible(greq.params);
       dreq.semantic_text = semantic_text;
+      dreq.embedding = g.embedding;  // the router's, reused by the semantic cache
       // A semantic hit must never show one tenant another's answer: the key and the user both
       // separate caches.
       dreq.tenant = key_digest + "|" + call->spec.user;

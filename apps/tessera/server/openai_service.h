@@ -23,6 +23,7 @@
 namespace tessera::server {
 
 struct GenerationCall;
+struct PendingGeneration;  // a parsed generation request waiting for its deployment
 class CallSink;
 class StatsRecorder;
 
@@ -82,6 +83,11 @@ class OpenAiService : public HttpHandler {
                    const std::string& param = {}, const std::string& code = {});
   void handle_generation(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
                          const std::string& endpoint, bool chat);
+  // After routing (on the io thread, whether the router ran here or on the embedding thread).
+  void finish_routing(PendingGeneration& pending, const Status& status, double seconds,
+                      const std::shared_ptr<ResponseChannel>& channel, const std::string& endpoint);
+  void submit_generation(PendingGeneration& pending, const std::shared_ptr<ResponseChannel>& channel,
+                         const std::string& endpoint);
   void handle_tokenize(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
                        const std::string& endpoint);
   void handle_detokenize(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,

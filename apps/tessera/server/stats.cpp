@@ -283,10 +283,12 @@ StatsSample take_stats_sample(const ServerMetrics& m, const std::vector<std::str
   for (const auto& [key, n] : m.routed()) s.arms[key].requests = n;
   for (const auto& [key, l] : m.arm_latencies()) {
     ArmSample& a = s.arms[key];
+    a.queue_time = snapshot(l.queue_time);
     a.ttft = snapshot(l.ttft);
     a.tpot = snapshot(l.tpot);
   }
   s.cache = m.cache_requests();
+  for (const auto& [router, h] : m.route_decisions()) s.route_decision[router] = snapshot(h);
   return s;
 }
 
@@ -359,7 +361,9 @@ StatsSample StatsRecorder::take() const {
   std::vector<EngineStats> engines;
   engines.reserve(deployments_.size());
   for (const auto& d : deployments_) engines.push_back(d.engine->stats());
-  return take_stats_sample(metrics_, names_, engines, unix_now());
+  StatsSample s = take_stats_sample(metrics_, names_, engines, unix_now());
+  if (options_.plugin_metrics) options_.plugin_metrics(&s.plugins);
+  return s;
 }
 
 void StatsRecorder::start() {
@@ -507,12 +511,51 @@ std::string StatsRecorder::render(const StatsQuery& query) const {
                              {"share", number_or_null(ratio(static_cast<double>(w_requests),
                                                             static_cast<double>(r["window_requests"].get<uint64_t>())))},
                              {"latency",
-                              {{"ttft_seconds", latency_window(bounds, a.ttft, b.ttft, query, "ttft_seconds")},
+                              {{"queue_time_seconds", latency_window(bounds, a.queue_time, b.queue_time, query,
+                                                                     "queue_time_seconds")},
+                               {"ttft_seconds", latency_window(bounds, a.ttft, b.ttft, query, "ttft_seconds")},
                                {"tpot_seconds", latency_window(bounds, a.tpot, b.tpot, query, "tpot_seconds")}}}}}});
+    }
+    for (json& r : routers) {
+      const std::string name = r["name"].get<std::string>();
+      // Decision latency (tessera_router_decision_seconds) and the router's own gauges (a
+      // classifier's held-out figures from its training: measured offline, not live).
+      const auto d = live.route_decision.find(name);
+      if (d != live.route_decision.end() && !metrics_.route_decisions().empty()) {
+        const auto db = base.route_decision.find(name);
+        static const HistogramSnapshot kNone;
+        r["decision_seconds"] = latency_window(metrics_.route_decisions().begin()->second.bounds(), d->second,
+                                               db == base.route_decision.end() ? kNone : db->second, query,
+                                               "decision_seconds");
+      }
+      json gauges = json::object();
+      for (const CacheMetric& m : live.plugins) {
+        if (m.labels.empty() || m.labels[0].first != "router" || m.labels[0].second != name) continue;
+        std::string key = m.name.substr(std::string("tessera_router_").size());
+        for (size_t i = 1; i < m.labels.size(); ++i) key += "." + m.labels[i].second;
+        gauges[key] = m.value;
+      }
+      if (!gauges.empty()) r["plugin"] = std::move(gauges);
     }
     j["routers"] = std::move(routers);
   }
   j["cache"] = cache_json(live, base, nullptr, tiers);
+  {
+    // Semantic hits by tier and similarity bucket (tessera_cache_semantic_hits_total).
+    json buckets = json::array();
+    auto hits_in = [](const StatsSample& s, const CacheMetric& like) -> double {
+      for (const CacheMetric& m : s.plugins)
+        if (m.name == like.name && m.labels == like.labels) return m.value;
+      return 0;
+    };
+    for (const CacheMetric& m : live.plugins) {
+      if (m.name != "tessera_cache_semantic_hits_total") continue;
+      json b = {{"hits_total", m.value}, {"window_hits", m.value - hits_in(base, m)}};
+      for (const auto& [k, v] : m.labels) b[k] = v;
+      buckets.push_back(std::move(b));
+    }
+    j["semantic_cache"] = {{"similarity_buckets", std::move(buckets)}};
+  }
 
   // Series: points every `step` samples ending at the newest, each over (prev, point].
   const size_t available = size_ - first;
@@ -608,6 +651,7 @@ std::string StatsRecorder::render(const StatsQuery& query) const {
       c.put("requests_per_s", per_s(x.requests, xb.requests));
       c.put("share", has_prev ? delta_ratio(x.requests, xb.requests, routed_total(s, key.first), routed_total(pb, key.first))
                               : kNaN);
+      put_latency(c, "queue", x.queue_time, xb.queue_time);
       put_latency(c, "ttft", x.ttft, xb.ttft);
       put_latency(c, "tpot", x.tpot, xb.tpot);
     }

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
@@ -26,6 +27,7 @@
 #include "http_server.h"
 #include "metrics.h"
 #include "tessera/engine.h"
+#include "tessera/sdk/cache_layer.h"
 
 namespace tessera::server {
 
@@ -45,7 +47,7 @@ struct DeploymentSample {
 // One router arm's part: requests routed to it, and its model-served latencies.
 struct ArmSample {
   uint64_t requests = 0;
-  HistogramSnapshot ttft, tpot;
+  HistogramSnapshot queue_time, ttft, tpot;
 };
 
 // Everything one stats sample holds, read from the objects /metrics renders.
@@ -56,6 +58,11 @@ struct StatsSample {
   std::map<std::pair<std::string, std::string>, ArmSample> arms;  // (router, arm)
   // Cache-chain lookups (deployment, result, tier): tessera_cache_requests_total.
   std::map<std::tuple<std::string, std::string, std::string>, uint64_t> cache;
+  // Routing decision latency by router (tessera_router_decision_seconds).
+  std::map<std::string, HistogramSnapshot> route_decision;
+  // The gateway plugins' own samples (Gateway::collect_plugin_metrics): semantic hits by
+  // similarity bucket, a router's held-out figures.
+  std::vector<CacheMetric> plugins;
   int64_t in_flight = 0;
   uint64_t prompt_tokens = 0;
   uint64_t generation_tokens = 0;
@@ -101,6 +108,8 @@ struct StatsOptions {
   double interval_s = 1;         // sampling period
   int capacity = 900;            // samples kept (capacity x interval = the longest window)
   std::string roofline_report;   // `tessera bench roofline --json` output; empty: none
+  // Reads the gateway plugins' metrics into a sample (on the io thread); empty: none.
+  std::function<void(std::vector<CacheMetric>*)> plugin_metrics;
 };
 
 class StatsRecorder {

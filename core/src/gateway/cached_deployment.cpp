@@ -159,6 +159,7 @@ Status CachedDeployment::submit(DeploymentRequest request, std::shared_ptr<Reque
   call->key.params = request.output_params;
   call->key.reproducible = request.reproducible;
   call->key.tenant = request.tenant;
+  call->embedding = std::move(request.embedding);  // the router's, when it embedded the prompt
   call->request = std::move(request);
   call->sink = std::move(sink);
   *handle = std::make_unique<CachedHandle>(call);
@@ -193,7 +194,8 @@ void CachedDeployment::end_without_answer(CachedCall& call, FinishReason reason,
 void CachedDeployment::lookup_or_submit(const std::shared_ptr<CachedCall>& call) {
   // Cancelled while queued (the client left): neither a lookup nor the model.
   if (cancelled(*call)) return end_without_answer(*call, FinishReason::kCancelled, Status::ok());
-  bool embedded = false;
+  bool embedded = !call->embedding.empty();
+  if (embedded) call->key.embedding = call->embedding;
   {
     for (const auto& l : layers_) {
       // A token-id prompt has no text to embed: similarity layers skip it.

@@ -56,6 +56,10 @@ std::unique_ptr<Gateway> Gateway::build(const StackConfig& config, PluginRegistr
     g->router_name_ = config.router_name;
     if (Status st = g->router_->configure(names); !st.is_ok())
       throw std::runtime_error("gateway.router: " + st.message());
+    if (g->router_->needs_embedding() && !g->embedding_)
+      throw std::runtime_error("gateway.router (" + config.router->plugin +
+                               "): needs an embedding model; add `embedding: {model: {path: all-MiniLM-L6-v2}}` "
+                               "(scripts/fetch-models.sh fetches it)");
   }
   g->wrap_deployments(names);
   return g;
@@ -110,23 +114,56 @@ Status Gateway::route(const RouteRequest& request, Deployment** out) {
   return Status::ok();
 }
 
+namespace {
+
+// One sample of a plugin's metric, HELP/TYPE written the first time its family appears.
+template <class Metric>
+void render_plugin_metric(const Metric& m, const std::string& owner_label, std::vector<std::string>* seen,
+                          std::string* out) {
+  if (std::find(seen->begin(), seen->end(), m.name) == seen->end()) {
+    seen->push_back(m.name);
+    *out += "# HELP " + m.name + " " + m.help + "\n# TYPE " + m.name + " " + (m.is_counter ? "counter" : "gauge") +
+            "\n";
+  }
+  std::string labels = owner_label;
+  for (const auto& [k, v] : m.labels) labels += "," + k + "=\"" + escape_label(v) + "\"";
+  char value[40];
+  std::snprintf(value, sizeof value, "%.9g", m.value);
+  *out += m.name + "{" + labels + "} " + value + "\n";
+}
+
+}  // namespace
+
 void Gateway::render_cache_metrics(std::string* out) const {
   std::vector<std::string> seen;  // HELP/TYPE once per family
   for (const auto& l : cache_layers_) {
     std::vector<CacheMetric> metrics;
     l.layer->metrics(&metrics);
-    for (const CacheMetric& m : metrics) {
-      if (std::find(seen.begin(), seen.end(), m.name) == seen.end()) {
-        seen.push_back(m.name);
-        *out += "# HELP " + m.name + " " + m.help + "\n# TYPE " + m.name + " " + (m.is_counter ? "counter" : "gauge") +
-                "\n";
-      }
-      std::string labels = "layer=\"" + escape_label(l.name) + "\"";
-      for (const auto& [k, v] : m.labels) labels += "," + k + "=\"" + escape_label(v) + "\"";
-      char value[40];
-      std::snprintf(value, sizeof value, "%.9g", m.value);
-      *out += m.name + "{" + labels + "} " + value + "\n";
-    }
+    for (const CacheMetric& m : metrics) render_plugin_metric(m, "layer=\"" + escape_label(l.name) + "\"", &seen, out);
+  }
+}
+
+void Gateway::render_router_metrics(std::string* out) const {
+  if (!router_) return;
+  std::vector<RouterMetric> metrics;
+  router_->metrics(&metrics);
+  std::vector<std::string> seen;
+  for (const RouterMetric& m : metrics)
+    render_plugin_metric(m, "router=\"" + escape_label(router_name_) + "\"", &seen, out);
+}
+
+void Gateway::collect_plugin_metrics(std::vector<CacheMetric>* out) const {
+  for (const auto& l : cache_layers_) {
+    const size_t first = out->size();
+    l.layer->metrics(out);
+    for (size_t i = first; i < out->size(); ++i) (*out)[i].labels.insert((*out)[i].labels.begin(), {"layer", l.name});
+  }
+  if (!router_) return;
+  std::vector<RouterMetric> metrics;
+  router_->metrics(&metrics);
+  for (RouterMetric& m : metrics) {
+    m.labels.insert(m.labels.begin(), {"router", router_name_});
+    out->push_back({std::move(m.name), std::move(m.help), m.is_counter, std::move(m.labels), m.value});
   }
 }
 

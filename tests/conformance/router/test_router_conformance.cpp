@@ -5,7 +5,11 @@
 // names, for any prompt and user, also when 8 threads route at once.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
@@ -18,9 +22,32 @@ using namespace tessera;
 
 namespace {
 
+// router.classifier reads a trained model file: a valid one over the text features alone
+// (no embedding), whose only weight is the prompt's log length, so that prompts of both
+// lengths below reach both deployments. Its accuracy is not what this suite checks.
+std::string classifier_model_file() {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("tessera-conformance-router-" + std::to_string(::getpid()) + ".json");
+  std::vector<float> zeros(16, 0.f), ones(16, 1.f), weights(16, 0.f);
+  weights[0] = 1.f;  // log_chars
+  std::ofstream out(path);
+  out << R"({"format": "tessera-router-classifier", "version": 1, "text_features": [)"
+      << R"("log_chars", "log_words", "digit_share", "log_numbers", "longest_number", "log_operators", )"
+      << R"("log_code_marks", "log_quotes", "upper_share", "log_sentences", "q_how_many", "q_what", "q_which", )"
+      << R"("q_why_explain", "q_write_code", "q_yes_no"], "embedding_dim": 0, "mean": [)";
+  for (size_t i = 0; i < zeros.size(); ++i) out << (i ? ", " : "") << zeros[i];
+  out << R"(], "scale": [)";
+  for (size_t i = 0; i < ones.size(); ++i) out << (i ? ", " : "") << ones[i];
+  out << R"(], "weights": [)";
+  for (size_t i = 0; i < weights.size(); ++i) out << (i ? ", " : "") << weights[i];
+  out << R"(], "bias": -2.6, "threshold": 0.5})";
+  return path.string();
+}
+
 // Parameters of the in-tree routers that route between blue and green.
 std::string default_params(const std::string& name) {
   if (name == "ab-split") return "{arms: {blue: 50, green: 50}}";
+  if (name == "classifier") return "{model: '" + classifier_model_file() + "', small: blue, large: green}";
   return "{}";
 }
 
@@ -57,7 +84,7 @@ TEST_CASE("every router refuses unknown deployments and routes to configured one
     REQUIRE(r->configure(deployments).is_ok());
     std::set<std::string> seen;
     for (uint64_t i = 0; i < 400; ++i) {
-      const std::string d = route(*r, i, "prompt " + std::to_string(i), i % 3 ? "user-" + std::to_string(i % 17) : "");
+      const std::string d = route(*r, i, (i % 5 ? "" : std::string(200, 'x') + " ") + "prompt " + std::to_string(i), i % 3 ? "user-" + std::to_string(i % 17) : "");
       CHECK_MESSAGE((d == "blue" || d == "green"), "route returned '" << d << "'");
       seen.insert(d);
     }

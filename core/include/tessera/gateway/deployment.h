@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tessera/engine.h"
 
@@ -56,6 +57,9 @@ struct DeploymentRequest {
   // completions prompt) and whose cache it is (CacheKey::tenant).
   std::string semantic_text;
   std::string tenant;
+  // semantic_text's embedding when the router computed it already (a classifier router):
+  // similarity layers reuse it instead of embedding the prompt a second time.
+  std::vector<float> embedding;
 };
 
 class Deployment {

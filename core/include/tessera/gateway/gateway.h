@@ -43,8 +43,17 @@ class Gateway {
 
   bool has_router() const { return router_ != nullptr; }
   const std::string& router_name() const { return router_name_; }
-  // The router's choice for a request (a hash for ab-split; cheap enough for the I/O thread).
+  // The router's choice for a request. Thread-safe. Cheap (a hash) unless the router needs
+  // the prompt's embedding: then the caller computes it off the I/O thread (post_embedding_job).
   Status route(const RouteRequest& request, Deployment** out);
+  // Whether route() wants RouteRequest::embedding (build() refuses such a router without an
+  // `embedding:` model, so embedding_model() is then set).
+  bool router_needs_embedding() const { return router_ && router_->needs_embedding(); }
+  // Appends the router's own metrics (Prometheus text), labelled router="NAME".
+  void render_router_metrics(std::string* out) const;
+  // The samples both render_* write, as values: each cache layer's with ("layer", NAME) and
+  // the router's with ("router", NAME) as the first label (for /v1/stats).
+  void collect_plugin_metrics(std::vector<CacheMetric>* out) const;
 
   // The `embedding:` model, or nullptr when the config has none.
   EncoderModel* embedding_model() { return embedding_.get(); }

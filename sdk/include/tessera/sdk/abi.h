@@ -16,6 +16,8 @@
 // 2.6 PluginManifest::capabilities and ::needs (appended; read only from 2.6 libraries) and
 // tessera/sdk/capabilities.h: optional capabilities declared in the manifest
 // (TESSERA_REGISTER_PLUGIN_WITH), listed by `tessera plugins`, checked when a stack loads.
+// 2.7 RouteRequest::embedding, Router::needs_embedding and Router::metrics (RouterMetric), for
+// the classifier router (virtuals with defaults appended; the struct grew at its end).
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -29,7 +31,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 6
+#define TESSERA_SDK_ABI_MINOR 7
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

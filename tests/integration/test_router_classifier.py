@@ -1,0 +1,192 @@
+"""router.classifier through a real `tessera serve`: two deployments (SmolLM2-135M `small`,
+Gemma 3 270M `large`), the all-MiniLM-L6-v2 embedding model, the exact and semantic caches,
+and the shipped router file (data/router/router.json) behind `"model": "auto"`.
+
+- /v1/models lists both deployments and the router;
+- every `auto` request is answered by the deployment the router chose: the response's
+  `model` equals the `x-tessera-route: auto=NAME` header, the same prompt always goes the
+  same way, and /metrics counts each choice (tessera_router_requests_total{router="auto"}) and
+  each decision (tessera_router_decision_seconds_count);
+- the held-out figures of the router file are exported as gauges with the file's values;
+- a token-id prompt (nothing to embed) goes to `large` and counts a fallback;
+- the dashboard (headless Chromium): the per-router table (decisions, held-out misroutes),
+  the queue-time-by-arm chart, and the semantic cache's similarity-bucket bars, each checked
+  against /metrics.
+"""
+import json
+import os
+import sys
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+import server_harness as h  # noqa: E402
+import test_server_dashboard as dash  # noqa: E402  (skips without Chromium; its DOM scanner and /metrics parser)
+
+MODELS = os.environ.get("TESSERA_MODEL_DIR", os.path.expanduser("~/.cache/tessera/models"))
+ROUTER_FILE = os.environ.get("TESSERA_ROUTER_FILE", os.path.join(h.SOURCE_DIR, "data", "router", "router.json"))
+for need in ("gemma-3-270m-q4_k_m.gguf", "all-MiniLM-L6-v2"):
+    if not os.path.exists(os.path.join(MODELS, need)):
+        h.skip_or_fail(f"{need} is missing from {MODELS} (run scripts/fetch-models.sh gemma embedding)")
+if not os.path.exists(ROUTER_FILE):
+    h.skip_or_fail(f"{ROUTER_FILE} is missing (scripts/make-router-labels.py, then tessera router train "
+                   "--data data/router/labelled.jsonl --out data/router/router.json)")
+SERVER = None
+# Prompts of the labelled set's kinds, easy and hard by the router's training.
+PROMPTS = [
+    "What is 4 + 3? Answer briefly.",
+    "What is 718 + 964? Answer briefly.",
+    "Which day of the week comes after Monday? Answer briefly.",
+    "What is the three-letter ISO 4217 code of the Swiss Franc? Answer briefly.",
+    "Which language has the ISO 639-1 code 'de'? Answer briefly.",
+    "How many letters are in the word 'Guinea'? Answer briefly.",
+    "On which continent is the city of Lisbon? Answer briefly.",
+    "How many words are in this text: \"Chad Peru Mali\"? Answer briefly.",
+]
+
+
+def post(path, body):
+    req = urllib.request.Request(SERVER.url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.load(r), dict(r.headers)
+
+
+def chat(prompt):
+    return post("/v1/chat/completions", {"model": "auto", "messages": [{"role": "user", "content": prompt}],
+                                         "max_tokens": 8, "temperature": 0})
+
+
+def setUpModule():
+    global SERVER
+    src = h.SOURCE_DIR
+    SERVER = h.Gateway(f"""
+deployments:
+  small: {{extends: {src}/configs/smollm2-cpu.yaml}}
+  large: {{extends: {src}/configs/gemma3-270m.yaml}}
+embedding: {{model: {{path: all-MiniLM-L6-v2, threads: 2}}}}
+gateway:
+  cache:
+    - {{plugin: exact, ttl: 10m}}
+    - {{plugin: semantic, threshold: 0.95, ttl: 1h}}
+  router: {{plugin: classifier, name: auto, model: {ROUTER_FILE}, small: small, large: large}}
+server: {{max_queued_requests: 64}}
+""", "router-classifier").start(timeout=600)
+
+
+def tearDownModule():
+    if SERVER:
+        SERVER.stop_and_check()
+
+
+class ClassifierRouterTest(unittest.TestCase):
+    def test_1_models_list_the_router(self):
+        with urllib.request.urlopen(SERVER.url + "/v1/models", timeout=30) as r:
+            ids = [m["id"] for m in json.load(r)["data"]]
+        for want in ("small", "large", "auto"):
+            self.assertIn(want, ids)
+
+    def test_2_auto_is_answered_by_the_chosen_deployment_and_counted(self):
+        before = dash.parse_metrics(SERVER.metrics())
+        chosen = {}
+        for p in PROMPTS:
+            body, headers = chat(p)
+            self.assertIn(body["model"], ("small", "large"))
+            self.assertEqual(headers.get("x-tessera-route"), "auto=" + body["model"])
+            chosen[p] = body["model"]
+        # Deterministic: the same prompt (now a cache hit) is routed the same way.
+        for p in PROMPTS[:3]:
+            body, headers = chat(p)
+            self.assertEqual(body["model"], chosen[p], p)
+        after = dash.parse_metrics(SERVER.metrics())
+        n = len(PROMPTS) + 3
+        counts = {d: list(chosen.values()).count(d) + sum(chosen[p] == d for p in PROMPTS[:3]) for d in ("small", "large")}
+        for d, c in counts.items():
+            delta = dash.labelled(after, "tessera_router_requests_total", router="auto", arm=d) - \
+                dash.labelled(before, "tessera_router_requests_total", router="auto", arm=d)
+            self.assertEqual(delta, c, d)
+        self.assertEqual(dash.labelled(after, "tessera_router_decision_seconds_count", router="auto") -
+                         dash.labelled(before, "tessera_router_decision_seconds_count", router="auto"), n)
+        print("routed:", chosen)
+
+    def test_3_heldout_figures_are_the_files(self):
+        with open(ROUTER_FILE) as f:
+            model = json.load(f)
+        m = dash.parse_metrics(SERVER.metrics())
+        held = model["heldout"]
+        self.assertAlmostEqual(dash.labelled(m, "tessera_router_heldout_accuracy", router="auto"), held["accuracy"], 6)
+        self.assertAlmostEqual(dash.labelled(m, "tessera_router_heldout_misroute_rate", router="auto",
+                                             kind="hard_to_small"), held["misroute_hard_to_small"], 6)
+        self.assertAlmostEqual(dash.labelled(m, "tessera_router_heldout_misroute_rate", router="auto",
+                                             kind="easy_to_large"), held["misroute_easy_to_large"], 6)
+        self.assertAlmostEqual(dash.labelled(m, "tessera_router_threshold", router="auto"), model["threshold"], 5)
+
+    def test_4_token_prompt_falls_back_to_large(self):
+        before = dash.labelled(dash.parse_metrics(SERVER.metrics()), "tessera_router_fallbacks_total", router="auto")
+        body, headers = post("/v1/completions", {"model": "auto", "prompt": [1, 2, 3, 4], "max_tokens": 2,
+                                                 "temperature": 0})
+        self.assertEqual(body["model"], "large")
+        after = dash.labelled(dash.parse_metrics(SERVER.metrics()), "tessera_router_fallbacks_total", router="auto")
+        self.assertEqual(after - before, 1)
+
+    def test_5_dashboard_router_and_semantic_panels_match_metrics(self):
+        # A semantic hit: the question with extra whitespace (another exact key, the same
+        # WordPiece tokens, so similarity 1 and the same route: the router's text features
+        # ignore whitespace at the ends), so the 0.95-1.00 bucket has a sample. A chat template
+        # that trims the content makes the first variant an exact hit; the next one is not.
+        chat(PROMPTS[0])
+        seen = []
+        for variant in (PROMPTS[0] + " ", " " + PROMPTS[0], PROMPTS[0].replace(" ", "  ", 1)):
+            body, headers = chat(variant)
+            seen.append(headers.get("x-tessera-cache", ""))
+            if "layer=semantic" in seen[-1]:
+                break
+        self.assertIn("layer=semantic", seen[-1], seen)
+        before = dash.parse_metrics(SERVER.metrics())
+        deadline = time.time() + 60
+        while True:  # the stats sampler runs once a second; wait for a sample with the hit
+            with urllib.request.urlopen(SERVER.url + "/v1/stats?window=900", timeout=30) as r:
+                s = json.load(r)
+            if s["semantic_cache"]["similarity_buckets"] or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        r = dash.chromium(SERVER.url + "/dashboard?window=900&interval=2", "--dump-dom")
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        scan = dash.DomScan()
+        scan.feed(r.stdout)
+        after = dash.parse_metrics(SERVER.metrics())
+
+        # Similarity buckets: each bar's hits between the /metrics values before and after.
+        bars = [(k, v) for k, v in scan.by_id.items() if k.startswith("bucket-")]
+        self.assertTrue(bars, "no similarity-bucket bars")
+        self.assertGreater(int(scan.by_id["chart-semantic-buckets"]["data-points"]), 0)
+        for key, a in bars:
+            sim, tier = key[len("bucket-"):].rsplit("-", 1)
+            v = float(a["data-value"])
+            family = "tessera_cache_semantic_hits_total"
+            self.assertLessEqual(dash.labelled(before, family, tier=tier, similarity=sim), v, key)
+            self.assertLessEqual(v, dash.labelled(after, family, tier=tier, similarity=sim), key)
+        self.assertIn("bucket-0.95-1.00-memory", scan.by_id)
+
+        # The per-router table: decisions counted as /metrics does, held-out gauges as exported.
+        self.assertEqual(scan.by_id["router-0"]["data-name"], "auto")
+        decisions = float(scan.by_id["router-0-decisions"]["data-value"])
+        family = "tessera_router_decision_seconds_count"
+        self.assertLessEqual(decisions, dash.labelled(after, family, router="auto"))
+        self.assertGreater(decisions, 0)
+        for cell, kind in (("misroute-hard", "hard_to_small"), ("misroute-easy", "easy_to_large")):
+            self.assertAlmostEqual(float(scan.by_id[f"router-0-{cell}"]["data-value"]),
+                                   dash.labelled(after, "tessera_router_heldout_misroute_rate", router="auto", kind=kind),
+                                   6)
+        # Queue time by arm: a line with points per arm, and the arm table's queue column.
+        self.assertGreater(int(scan.by_id["chart-arm-queue"]["data-points"]), 0)
+        arms = {scan.by_id[k]["data-name"] for k in scan.by_id if k.startswith("arm-") and k.count("-") == 1}
+        self.assertTrue(arms <= {"auto=small", "auto=large"} and arms, arms)
+        for k in scan.by_id:
+            if k.startswith("arm-") and k.endswith("-queue-p50"):
+                self.assertNotEqual(scan.by_id[k]["data-value"], "", k)
+
+
+if __name__ == "__main__":
+    sys.exit(h.run_tests([ClassifierRouterTest]))
