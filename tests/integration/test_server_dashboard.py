@@ -62,7 +62,7 @@ SHARED_PREFIX = ("You are a careful assistant for a lighthouse museum. Answer vi
 CHARTS = ["requests", "queue", "ttft", "tpot", "itl", "throughput", "batch", "kv", "preemptions", "prefix"]
 # Breakdown charts and the lines each must draw (one per deployment, arm or tier).
 DEPLOYMENT_CHARTS = ["dep-queue", "dep-ttft", "dep-tpot", "dep-batch", "dep-kv", "dep-preemptions", "dep-prefix"]
-ARM_CHARTS = ["route-share", "arm-ttft", "arm-tpot"]
+ARM_CHARTS = ["route-share", "arm-ttft", "arm-tpot", "arm-queue"]
 # Requests repeated by every client (same parameters): the exact cache answers them.
 REPEATED = [f"Name one thing a lighthouse keeper did every evening, number {k}." for k in range(6)]
 
