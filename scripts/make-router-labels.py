@@ -256,6 +256,9 @@ def main():
         finally:
             proc.terminate()
             proc.wait()
+    # Small families (weekday, month) draw the same question more than once; a repeated prompt
+    # would sit in both the training and the held-out split, so each is labelled once.
+    qs = list({q[1]: q for q in reversed(qs)}.values())[::-1]
     qs = [q for q in qs if q[1] in answers["small"] and q[1] in answers["large"]]
     small = [answers["small"][q[1]] for q in qs]
     large = [answers["large"][q[1]] for q in qs]
