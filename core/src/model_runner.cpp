@@ -10,11 +10,21 @@ namespace tessera {
 
 ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quantizer,
                          AttentionKernel& attention, const KvLayout& layout,
-                         int32_t max_batch_tokens)
+                         int32_t max_batch_tokens, std::vector<int32_t> layers)
     : model_(model), backend_(backend), quantizer_(quantizer),
       grouped_matmul_(dynamic_cast<GroupedMatmul*>(&quantizer)), attention_(attention),
-      layout_(layout) {
+      layout_(layout), layers_(std::move(layers)) {
   const ModelHparams& hp = model.hparams();
+  if (layers_.empty()) {
+    for (int32_t l = 0; l < hp.num_layers; ++l) layers_.push_back(l);
+  } else {
+    for (size_t i = 0; i < layers_.size(); ++i)
+      if (layers_[i] < 0 || layers_[i] >= hp.num_layers || (i > 0 && layers_[i] <= layers_[i - 1]))
+        throw std::runtime_error("runner layers: " + std::to_string(layers_[i]) +
+                                 " is out of order or outside the model's " + std::to_string(hp.num_layers) +
+                                 " layers (0.." + std::to_string(hp.num_layers - 1) + ")");
+  }
+  const auto pooled_layers = static_cast<int64_t>(layers_.size());
   attention_shape_.num_heads = hp.num_heads;
   attention_shape_.num_kv_heads = hp.num_kv_heads;
   attention_shape_.head_dim = hp.head_dim;
@@ -36,7 +46,7 @@ ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quanti
   const size_t k_layer_bytes = k_block_bytes_ * static_cast<size_t>(layout.num_blocks);
   const size_t v_layer_bytes = v_block_bytes_ * static_cast<size_t>(layout.num_blocks);
   const size_t layer_bytes = k_layer_bytes + v_layer_bytes;
-  for (int32_t l = 0; l < hp.num_layers; ++l) {
+  for (int64_t l = 0; l < pooled_layers; ++l) {
     void* k = backend.allocate(k_layer_bytes);
     void* v = backend.allocate(v_layer_bytes);
     if (!k || !v) {
@@ -45,13 +55,13 @@ ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quanti
       for (void* p : k_pools_) backend.release(p);
       for (void* p : v_pools_) backend.release(p);
       throw std::runtime_error("cannot allocate the KV pool: " +
-                               std::to_string(layer_bytes * hp.num_layers) + " bytes on " +
+                               std::to_string(layer_bytes * pooled_layers) + " bytes on " +
                                backend.device_name() + "; lower engine.kv_cache.memory");
     }
     k_pools_.push_back(k);
     v_pools_.push_back(v);
   }
-  kv_pool_bytes_ = layer_bytes * hp.num_layers;
+  kv_pool_bytes_ = layer_bytes * static_cast<size_t>(pooled_layers);
   ensure_capacity(std::max(1, max_batch_tokens), 1);
 }
 
@@ -148,7 +158,8 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
   batch.sequences = attention_sequences_;
   batch.q = q_.data();
   batch.out = attn_.data();
-  for (int32_t l = 0; l < hp.num_layers; ++l) {
+  for (size_t pool = 0; pool < layers_.size(); ++pool) {
+    const int32_t l = layers_[pool];
     const LayerWeights& w = model_.layers()[l];
     const bool local = hp.layer_is_local[l];
     backend_.rms_norm(h_.data(), x_.data(), w.attn_norm.data(), num_rows, d, hp.rms_eps);
@@ -167,10 +178,10 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
     const RopeParams& rope = local ? hp.rope_local : hp.rope;
     backend_.rope(q_.data(), positions_.data(), num_rows, hp.num_heads, rope);
     backend_.rope(k_.data(), positions_.data(), num_rows, hp.num_kv_heads, rope);
-    backend_.store_kv(k_pools_[l], layout_.k_dtype, k_.data(), slots_.data(), num_rows, kv_dim);
-    backend_.store_kv(v_pools_[l], layout_.v_dtype, v_.data(), slots_.data(), num_rows, kv_dim);
-    batch.k_pool = k_pools_[l];
-    batch.v_pool = v_pools_[l];
+    backend_.store_kv(k_pools_[pool], layout_.k_dtype, k_.data(), slots_.data(), num_rows, kv_dim);
+    backend_.store_kv(v_pools_[pool], layout_.v_dtype, v_.data(), slots_.data(), num_rows, kv_dim);
+    batch.k_pool = k_pools_[pool];
+    batch.v_pool = v_pools_[pool];
     Status st = attention_.forward(local ? local_attention_shape_ : attention_shape_, batch,
                                    backend_.executor());
     if (!st.is_ok()) return st;

@@ -30,11 +30,12 @@ class StackHostModel final : public HostModel {
  public:
   StackHostModel(std::shared_ptr<Model> model, std::string path, std::shared_ptr<Backend> backend,
                  std::shared_ptr<Quantizer> quantizer, std::shared_ptr<AttentionKernel> attention,
-                 const KvLayout& layout, int32_t max_batch_tokens, int32_t max_context)
+                 const KvLayout& layout, int32_t max_batch_tokens, int32_t max_context,
+                 std::vector<int32_t> layers = {})
       : info_(model, std::move(path)), model_(std::move(model)), backend_(std::move(backend)),
         quantizer_(std::move(quantizer)), attention_(std::move(attention)), layout_(layout),
         max_batch_tokens_(max_batch_tokens), max_context_(max_context),
-        runner_(*model_, *backend_, *quantizer_, *attention_, layout_, max_batch_tokens) {}
+        runner_(*model_, *backend_, *quantizer_, *attention_, layout_, max_batch_tokens, std::move(layers)) {}
 
   const std::string& name() const override { return info_.name(); }
   const std::string& path() const override { return info_.path(); }
@@ -71,31 +72,7 @@ class StackModelHost final : public ModelHost {
     try {
       const std::string path = resolve_model_path(r.path);
       auto model = Model::load(path, *c_.quantizer);
-      const ModelHparams& hp = model->hparams();
-      if (r.block_size <= 0 || r.max_batch_tokens <= 0)
-        return invalid_argument("block_size and max_batch_tokens must be positive");
-      const int32_t max_context = std::min(config_.model.context_length > 0 ? config_.model.context_length
-                                                                            : std::min(hp.context_length, 4096),
-                                           hp.context_length);
-      KvModelShape shape{hp.num_layers, hp.num_kv_heads, hp.head_dim, max_context, 1};
-      KvLayout layout;
-      layout.block_size = r.block_size;
-      layout.k_dtype = layout.v_dtype = r.kv_dtype;
-      const size_t block_bytes = KvLayout::block_bytes(shape, r.block_size, r.kv_dtype, r.kv_dtype);
-      layout.num_blocks = static_cast<int32_t>(static_cast<size_t>(std::max<int64_t>(r.kv_memory_bytes, 0)) / block_bytes);
-      const int32_t blocks_per_context = (max_context + r.block_size - 1) / r.block_size;
-      if (layout.num_blocks < blocks_per_context)
-        return invalid_argument(path + ": a KV pool of " + std::to_string(r.kv_memory_bytes) + " bytes holds " +
-                                std::to_string(layout.num_blocks) + " blocks of " + std::to_string(block_bytes) +
-                                " bytes, fewer than one context of " + std::to_string(max_context) +
-                                " tokens needs (" + std::to_string(blocks_per_context) + ")");
-      // A fresh attention instance of the stack's kernel: kernels keep per-runner scratch.
-      const PluginSlot& slot = config_.engine.at(PluginKind::kAttention);
-      PluginContext context{&host_logger(), slot.file};
-      auto attention = registry_.create<AttentionKernel>(slot.plugin, slot.config, context);
-      *out = std::make_unique<StackHostModel>(std::move(model), path, c_.backend, c_.quantizer,
-                                              std::move(attention), layout, r.max_batch_tokens, max_context);
-      return Status::ok();
+      return make(std::move(model), path, {}, {r.block_size, r.kv_memory_bytes, r.kv_dtype, r.max_batch_tokens}, out);
     } catch (const std::bad_alloc&) {
       return resource_exhausted(r.path + ": out of memory while loading the model or its KV pool");
     } catch (const std::exception& e) {
@@ -103,7 +80,69 @@ class StackModelHost final : public ModelHost {
     }
   }
 
+  Status load_target_layers(const TargetLayersRequest& r, std::unique_ptr<HostModel>* out) override {
+    const int32_t num_layers = c_.model->hparams().num_layers;
+    if (r.layers.empty())
+      return invalid_argument("layers: empty; name at least one of the target's " + std::to_string(num_layers) +
+                              " layers (0.." + std::to_string(num_layers - 1) + ")");
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      if (r.layers[i] < 0 || r.layers[i] >= num_layers)
+        return invalid_argument("layers: " + std::to_string(r.layers[i]) + " is not a layer of " + c_.model->name() +
+                                ", which has " + std::to_string(num_layers) + " (0.." +
+                                std::to_string(num_layers - 1) + ")");
+      if (i > 0 && r.layers[i] <= r.layers[i - 1])
+        return invalid_argument("layers: " + std::to_string(r.layers[i]) + " follows " +
+                                std::to_string(r.layers[i - 1]) + "; list them ascending, each once");
+    }
+    try {
+      return make(c_.model, target_.path(), r.layers, {r.block_size, r.kv_memory_bytes, r.kv_dtype, r.max_batch_tokens},
+                  out);
+    } catch (const std::bad_alloc&) {
+      return resource_exhausted("out of memory while allocating the layer-skip KV pool");
+    } catch (const std::exception& e) {
+      return invalid_argument(e.what());
+    }
+  }
+
  private:
+  struct PoolRequest {
+    int32_t block_size;
+    int64_t kv_memory_bytes;
+    KvDtype kv_dtype;
+    int32_t max_batch_tokens;
+  };
+
+  // A HostModel over `model` (its `layers`, or all of them) with a KV pool sized by `r`.
+  Status make(std::shared_ptr<Model> model, const std::string& path, std::vector<int32_t> layers,
+              const PoolRequest& r, std::unique_ptr<HostModel>* out) {
+    const ModelHparams& hp = model->hparams();
+    if (r.block_size <= 0 || r.max_batch_tokens <= 0)
+      return invalid_argument("block_size and max_batch_tokens must be positive");
+    const int32_t max_context = std::min(config_.model.context_length > 0 ? config_.model.context_length
+                                                                          : std::min(hp.context_length, 4096),
+                                         hp.context_length);
+    const int32_t pooled_layers = layers.empty() ? hp.num_layers : static_cast<int32_t>(layers.size());
+    KvModelShape shape{pooled_layers, hp.num_kv_heads, hp.head_dim, max_context, 1};
+    KvLayout layout;
+    layout.block_size = r.block_size;
+    layout.k_dtype = layout.v_dtype = r.kv_dtype;
+    const size_t block_bytes = KvLayout::block_bytes(shape, r.block_size, r.kv_dtype, r.kv_dtype);
+    layout.num_blocks = static_cast<int32_t>(static_cast<size_t>(std::max<int64_t>(r.kv_memory_bytes, 0)) / block_bytes);
+    const int32_t blocks_per_context = (max_context + r.block_size - 1) / r.block_size;
+    if (layout.num_blocks < blocks_per_context)
+      return invalid_argument(path + ": a KV pool of " + std::to_string(r.kv_memory_bytes) + " bytes holds " +
+                              std::to_string(layout.num_blocks) + " blocks of " + std::to_string(block_bytes) +
+                              " bytes, fewer than one context of " + std::to_string(max_context) +
+                              " tokens needs (" + std::to_string(blocks_per_context) + ")");
+    // A fresh attention instance of the stack's kernel: kernels keep per-runner scratch.
+    const PluginSlot& slot = config_.engine.at(PluginKind::kAttention);
+    PluginContext context{&host_logger(), slot.file};
+    auto attention = registry_.create<AttentionKernel>(slot.plugin, slot.config, context);
+    *out = std::make_unique<StackHostModel>(std::move(model), path, c_.backend, c_.quantizer, std::move(attention),
+                                            layout, r.max_batch_tokens, max_context, std::move(layers));
+    return Status::ok();
+  }
+
   const StackConfig& config_;
   PluginRegistry& registry_;
   const EngineComponents& c_;

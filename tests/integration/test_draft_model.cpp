@@ -1,11 +1,15 @@
 // drafter.draft-model's start-up checks on real files: a draft model whose vocabulary differs
 // from the target's is refused naming the token and both models; a missing file is refused
 // naming engine.drafter.model; on a real stack it keeps the drafter contract and drafts the
-// model's own greedy continuation.
+// model's own greedy continuation. drafter.layer-skip (the same drafting loop over the
+// target's own layers): bad layer lists refused naming the layer and the model's count; all
+// layers draft exactly what draft-model drafts with the target's file; a subset drafts valid
+// tokens and its KV pool holds only those layers.
 // (Greedy identity, preemption, cancellation and n > 1 with draft-model drafts are in
 // test_speculative.cpp, with the other drafters.)
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -118,4 +122,73 @@ TEST_CASE("a missing draft model file or a KV pool too small for a context is re
   check_refused("draft-model-small-pool",
                 "{plugin: draft-model, model: '" + test::real_model_path() + "', memory: 1MiB}",
                 "fewer than one context of");
+}
+
+namespace {
+
+// The drafts of `yaml`'s drafter for two real prompts, 6 each.
+std::vector<std::vector<TokenId>> drafts_of(const std::string& name, const std::string& drafter_yaml,
+                                            EngineComponents* components = nullptr) {
+  const auto path = test::write_stack_file(name, "engine:\n  drafter: " + drafter_yaml + "\n");
+  PluginRegistry registry;
+  registry.scan_directory(test::plugin_dir());
+  EngineComponents c = build_engine_components(load_stack_config(path.string(), registry), registry);
+  REQUIRE(c.drafter != nullptr);
+  const Tokenizer& tok = c.model->tokenizer();
+  std::vector<std::vector<TokenId>> texts = {tok.encode("The capital of France is", true, false),
+                                             tok.encode("One, two, three, four, five,", true, false)};
+  std::vector<SequenceInfo> infos(texts.size());
+  std::vector<Draft> drafts(texts.size());
+  std::vector<DraftRequest> requests;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    infos[i].id = static_cast<SeqId>(i + 1);
+    infos[i].num_prompt_tokens = infos[i].num_computed_tokens = static_cast<int32_t>(texts[i].size());
+    infos[i].tokens = texts[i];
+    requests.push_back({&infos[i], 6, &drafts[i]});
+  }
+  REQUIRE(c.drafter->propose(requests).is_ok());
+  std::vector<std::vector<TokenId>> out;
+  for (const Draft& d : drafts) {
+    CHECK(d.q.empty());
+    for (TokenId t : d.tokens) CHECK((t >= 0 && t < c.model->hparams().vocab_size));
+    out.push_back(d.tokens);
+  }
+  for (SeqId id : {1, 2}) c.drafter->forget(id);
+  if (components != nullptr) *components = std::move(c);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("layer-skip refuses layer lists the target does not have, naming the layer and the count") {
+  if (!test::have_real_model()) return;
+  check_refused("layer-skip-range", "{plugin: layer-skip, layers: '0-30'}",
+                "engine.drafter.layers: 30 is not a layer of");
+  check_refused("layer-skip-range2", "{plugin: layer-skip, layers: '0-30'}", "which has 30 (0..29)");
+  check_refused("layer-skip-order", "{plugin: layer-skip, layers: '10-12,4'}",
+                "engine.drafter.layers: 4 follows 12; list them ascending, each once");
+  check_refused("layer-skip-syntax", "{plugin: layer-skip, layers: '0-x'}",
+                "engine.drafter.layers: '0-x' is not a layer index or an ascending range");
+  check_refused("layer-skip-empty", "{plugin: layer-skip, layers: ''}", "engine.drafter.layers: empty");
+  check_refused("layer-skip-pool", "{plugin: layer-skip, layers: '0-29', memory: 64KiB}",
+                "fewer than one context of");
+}
+
+TEST_CASE("layer-skip through all layers drafts what draft-model drafts with the target's file; a subset drafts") {
+  if (!test::have_real_model()) return;
+  const auto full = drafts_of("layer-skip-all", "{plugin: layer-skip, layers: '0-29'}");
+  const auto model = drafts_of("layer-skip-vs-model", "{plugin: draft-model, model: '" + test::real_model_path() + "'}");
+  CHECK(full == model);
+  CHECK(full[0].size() == 6);
+  // A subset runs fewer layers: valid drafts of the full length, from a pool of 20 layers.
+  // 40MiB holds a 2,048-token context (the default stack's) of 20 layers' f16 K/V (31.5 MB)
+  // but not of all 30 (47.2 MB).
+  check_refused("layer-skip-pool-30", "{plugin: layer-skip, layers: '0-29', memory: 40MiB}",
+                "fewer than one context of");
+  const auto subset = drafts_of("layer-skip-subset", "{plugin: layer-skip, layers: '0-9,20-29', memory: 40MiB}");
+  CHECK(subset[0].size() == 6);
+  CHECK(subset[1].size() == 6);
+  MESSAGE("first prompt: full-model drafts agree with the 20-layer drafts at "
+          << std::mismatch(full[0].begin(), full[0].end(), subset[0].begin()).first - full[0].begin()
+          << " of 6 leading positions");
 }

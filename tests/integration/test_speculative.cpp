@@ -1,4 +1,5 @@
-// Speculative decoding on the real model with drafter.ngram and drafter.suffix: greedy output
+// Speculative decoding on the real model with every drafter (ngram, suffix, draft-model,
+// layer-skip): greedy output
 // is byte-identical with and without each drafter on every scheduler/KV stack of the
 // invariance suite, prompts alone and 16 at once; EOS-like stop tokens and max_tokens hold inside accepted drafts; no KV
 // block is left behind after cancellation with drafts pending, preemption of sequences with
@@ -34,7 +35,8 @@ constexpr int kNewTokens = 24;
 // measured step times); one variant below runs the adaptive control.
 const char* kDrafter = "  drafter: {plugin: ngram, num_draft_tokens: 4, min_ngram: 1, max_ngram: 3, adaptive: false}\n";
 // Every drafter the tests run, by name: draft-model drafts with the target's own file (the
-// real model twice), so nearly every draft is accepted and verification is exercised hard.
+// real model twice), so nearly every draft is accepted and verification is exercised hard;
+// layer-skip drafts with the target's first 20 of its 30 layers (weights shared).
 // The leak test gives it a KV pool of one 512-token context and a little more (12MiB), so
 // that a draft block left behind shows as a sequence that can no longer draft.
 std::vector<std::pair<std::string, std::string>> drafters(const std::string& draft_kv_memory = "128MiB") {
@@ -43,6 +45,9 @@ std::vector<std::pair<std::string, std::string>> drafters(const std::string& dra
       {"suffix", "  drafter: {plugin: suffix, num_draft_tokens: 4, min_match: 1, adaptive: false}\n"},
       {"draft-model", "  drafter: {plugin: draft-model, model: '" + test::real_model_path() +
                           "', num_draft_tokens: 4, memory: " + draft_kv_memory + ", adaptive: false}\n"},
+
+      {"layer-skip", "  drafter: {plugin: layer-skip, layers: '0-19', num_draft_tokens: 4, memory: " +
+                         draft_kv_memory + ", adaptive: false}\n"},
   };
 }
 

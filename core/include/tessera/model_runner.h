@@ -22,8 +22,11 @@ using RunnerSequence = ForwardSequence;
 class ModelRunner final : public ForwardRunner {
  public:
   // Allocates the KV pool described by `layout` and scratch for `max_batch_tokens` rows.
+  // `layers` (ascending, distinct) runs only those layers before the output head, with a KV
+  // pool for those alone (a layer-skip draft over the target's own weights); empty: all.
   ModelRunner(const Model& model, Backend& backend, Quantizer& quantizer,
-              AttentionKernel& attention, const KvLayout& layout, int32_t max_batch_tokens);
+              AttentionKernel& attention, const KvLayout& layout, int32_t max_batch_tokens,
+              std::vector<int32_t> layers = {});
   ~ModelRunner() override;
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
@@ -56,7 +59,8 @@ class ModelRunner final : public ForwardRunner {
   KvLayout layout_;
   AttentionShape attention_shape_;        // global layers
   AttentionShape local_attention_shape_;  // sliding-window layers (hparams.layer_is_local)
-  std::vector<void*> k_pools_, v_pools_;  // one per layer
+  std::vector<int32_t> layers_;           // the model's layers this runner runs, in order
+  std::vector<void*> k_pools_, v_pools_;  // one per entry of layers_
   size_t kv_pool_bytes_ = 0;
   size_t k_block_bytes_ = 0;              // bytes of one block in one layer's K pool
   size_t v_block_bytes_ = 0;              // and in its V pool (K and V dtypes may differ)

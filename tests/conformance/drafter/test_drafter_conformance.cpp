@@ -1,6 +1,7 @@
 // Every drafter plugin: proposes at most max_drafts tokens per request, from the vocabulary
 // of the sequence, in one call for many sequences, and tolerates settle/forget for any id
-// (draft-model, which needs a stack, on a real one in tests/integration/test_draft_model.cpp).
+// (draft-model and layer-skip, which need a stack, on a real one in
+// tests/integration/test_draft_model.cpp).
 // Then drafter.ngram's own rules: the longest suffix match in [min_ngram, max_ngram], the most
 // recent among equally long ones, the continuation cut at max_drafts and at the sequence end,
 // and its schema (bad num_draft_tokens / min_ngram > max_ngram refused naming the key).
@@ -47,13 +48,14 @@ TEST_CASE("every drafter keeps the propose contract") {
   REQUIRE(!names.empty());
   for (const std::string& name : names) {
     INFO("drafter." << name);
-    if (name == "draft-model") {
-      // It runs a model through the stack's model host, which exists only inside a stack:
-      // outside one it is refused, clearly. Its propose contract is checked on a real stack
-      // in tests/integration/test_draft_model.cpp.
+    if (name == "draft-model" || name == "layer-skip") {
+      // They run a model through the stack's model host, which exists only inside a stack:
+      // outside one they are refused, clearly. Their propose contract is checked on a real
+      // stack in tests/integration/test_draft_model.cpp.
       const PluginInfo* info = test::plugin_registry().find(PluginKind::kDrafter, name);
       REQUIRE(info != nullptr);
-      const PluginConfig config = validate_plugin_params(*info->manifest, "engine.drafter", "{model: draft.gguf}");
+      const PluginConfig config = validate_plugin_params(
+          *info->manifest, "engine.drafter", name == "draft-model" ? "{model: draft.gguf}" : "{layers: '0-3'}");
       CHECK_THROWS_WITH(test::plugin_registry().create<Drafter>(name, config, PluginContext{&host_logger(), ""}),
                         doctest::Contains("engine.drafter: needs the stack's model host"));
       continue;

@@ -18,6 +18,10 @@
 // (TESSERA_REGISTER_PLUGIN_WITH), listed by `tessera plugins`, checked when a stack loads.
 // 2.7 RouteRequest::embedding, Router::needs_embedding and Router::metrics (RouterMetric), for
 // the classifier router (virtuals with defaults appended; the struct grew at its end).
+// 2.8 ModelHost::load_target_layers and TargetLayersRequest (the target's own weights through
+// a subset of its layers: drafter.layer-skip), a virtual with a default appended; and
+// tessera/sdk/host_model_drafter.h, the header-only drafting loop over a HostModel that
+// drafter.draft-model and drafter.layer-skip share.
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -31,7 +35,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 7
+#define TESSERA_SDK_ABI_MINOR 8
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

@@ -52,6 +52,18 @@ struct HostModelRequest {
   int32_t max_batch_tokens = 512;    // scratch rows per forward
 };
 
+// SDK 2.8: the stack's own model run through a subset of its layers, for self-speculation
+// (Draft & Verify, Zhang et al. 2024; SWIFT, Xia et al. 2025): the listed layers, then the
+// final norm and output head. Nothing is loaded or copied: the HostModel runs the target's
+// prepared weights, with a KV pool of its own that holds only these layers.
+struct TargetLayersRequest {
+  std::vector<int32_t> layers;       // ascending, distinct, each in [0, the target's layer count)
+  int32_t block_size = 16;           // tokens per KV block
+  int64_t kv_memory_bytes = 64 << 20;  // the KV pool (rounded down to whole blocks)
+  KvDtype kv_dtype = KvDtype::kF16;  // both pools
+  int32_t max_batch_tokens = 512;    // scratch rows per forward
+};
+
 class ModelHost {
  public:
   virtual ~ModelHost() = default;
@@ -60,6 +72,13 @@ class ModelHost {
   // Loads another model. Errors name the file (missing, unsupported architecture or weight
   // type, a KV pool too small for one block per sequence).
   virtual Status load(const HostModelRequest& request, std::unique_ptr<HostModel>* out) = 0;
+  // The target through request.layers (SDK 2.8; appended, so 2.3-2.7 plugins see the table
+  // they were built with). Errors name the offending layer and the target's layer count.
+  virtual Status load_target_layers(const TargetLayersRequest& request, std::unique_ptr<HostModel>* out) {
+    (void)request;
+    (void)out;
+    return Status(StatusCode::kUnimplemented, "this host cannot run the target's layers for a plugin (needs SDK 2.8)");
+  }
 };
 
 }  // namespace tessera
