@@ -38,6 +38,9 @@ struct Engine::Sequence {
   std::unique_ptr<ConstraintMatcher> matcher;  // structured output; null: unconstrained
   Draft draft;                   // the pending drafts (tokens also at the end of `tokens`)
   AcceptanceEstimate acceptance;  // of this sequence's drafts, for adaptive drafting
+  // A drafter was asked for this sequence's drafts before. Its first call for a sequence can
+  // cost a whole prompt (a draft model feeds it), which says nothing about what a draft costs.
+  bool drafter_has_seen = false;
   int32_t num_draft_tokens_fed = 0;      // for GenerationEvent
   int32_t num_draft_tokens_accepted = 0;
   RequestTimings timings;
@@ -751,8 +754,18 @@ void Engine::propose_drafts() {
   } catch (const std::exception& e) {
     st = internal_error(std::string("drafter: ") + e.what());
   }
-  stats_.draft_seconds += now() - t0;
+  const double draft_seconds = now() - t0;
+  stats_.draft_seconds += draft_seconds;
   if (!st.is_ok()) ++stats_.num_drafter_errors;
+  // The control's draft cost, from calls that fed no new sequence's prompt.
+  size_t proposed = 0;
+  bool first_call = false;
+  for (size_t i = 0; i < draft_requests_.size(); ++i) {
+    proposed += std::min(draft_requests_[i].out->tokens.size(), static_cast<size_t>(draft_requests_[i].max_drafts));
+    first_call |= !draft_sequences_[i]->drafter_has_seen;
+    draft_sequences_[i]->drafter_has_seen = true;
+  }
+  if (!first_call) draft_cost_.record(static_cast<int32_t>(proposed), draft_seconds);
   for (size_t i = 0; i < draft_requests_.size(); ++i) {
     Sequence& seq = *draft_sequences_[i];
     Draft& d = seq.draft;
@@ -854,7 +867,7 @@ void Engine::adapt_draft_lengths() {
       continue;
     }
     const int32_t k = choose_num_drafts(seq->acceptance.alpha(acceptance_.alpha()), draft_requests_[i].max_drafts,
-                                        rows, step_seconds, row_seconds);
+                                        rows, step_seconds, row_seconds, draft_cost_.seconds_per_token());
     if (k == 0) {
       seq->acceptance.age();  // so that it is tried again later
       ++stats_.num_draft_skips;
@@ -866,6 +879,7 @@ void Engine::adapt_draft_lengths() {
     ++kept;
   }
   stats_.speculation_off = kept == 0;
+  if (kept == 0) draft_cost_.age();
   draft_requests_.resize(kept);
   draft_sequences_.resize(kept);
 }

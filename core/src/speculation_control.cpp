@@ -44,15 +44,24 @@ double StepTimeModel::seconds_for(int32_t num_tokens) const {
   return std::max(mean_t + b * (num_tokens - mean_n), b * num_tokens);
 }
 
+void DraftCostModel::record(int32_t num_tokens, double seconds) {
+  tokens_ = tokens_ * kForget + std::max(0, num_tokens);
+  seconds_ = seconds_ * kForget + std::max(0.0, seconds);
+}
+
+void DraftCostModel::age() { seconds_ *= kAge; }
+
+double DraftCostModel::seconds_per_token() const { return tokens_ > 0 ? seconds_ / tokens_ : 0; }
+
 int32_t choose_num_drafts(double alpha, int32_t max_drafts, int32_t num_rows, double step_seconds,
-                          double row_seconds) {
+                          double row_seconds, double draft_token_seconds) {
   if (max_drafts <= 0 || num_rows <= 0 || step_seconds <= 0) return std::max(0, max_drafts);
   const double value = step_seconds / num_rows;  // what one output token costs without drafts
   int32_t k = 0;
   double p = 1;
   while (k < max_drafts) {
     p *= alpha;
-    if (p * value < row_seconds) break;
+    if (p * value < row_seconds + draft_token_seconds) break;
     ++k;
   }
   return k;

@@ -51,3 +51,32 @@ TEST_CASE("drafts are proposed while the k-th one's expected token is worth its 
   // Nothing measured yet: the maximum.
   CHECK(choose_num_drafts(0.1, 4, 1, 0.0, 0.0) == 4);
 }
+
+TEST_CASE("a draft that costs about a target step is switched off whatever its acceptance") {
+  // Batch 1: a 3 ms step, 0.2 ms per extra row. Prompt lookup drafts for free and pays...
+  CHECK(choose_num_drafts(0.7, 4, 1, 0.003, 0.0002, 0.0) == 4);
+  // ...a layer-skip draft through 29 of 30 layers costs ~2.9 ms per token: 0.89 * 3 < 3.1.
+  CHECK(choose_num_drafts(0.89, 4, 1, 0.003, 0.0002, 0.0029) == 0);
+  // A Q4_1 draft for an F32 target: 20 ms steps, 4 ms per draft token, 90 % agreement: all 6.
+  CHECK(choose_num_drafts(0.9, 6, 1, 0.020, 0.0005, 0.004) == 6);
+}
+
+TEST_CASE("draft cost model: seconds per proposed token, forgetting; fades slowly while off") {
+  DraftCostModel m;
+  CHECK(m.seconds_per_token() == 0);
+  m.record(0, 0.001);  // a call that proposed nothing: no tokens yet, nothing to divide by
+  CHECK(m.seconds_per_token() == 0);
+  for (int i = 0; i < 50; ++i) m.record(4, 0.012);
+  CHECK(m.seconds_per_token() == doctest::Approx(0.003).epsilon(0.01));
+  // Time spent proposing nothing raises the cost of the tokens that were proposed.
+  DraftCostModel empty_calls;
+  for (int i = 0; i < 50; ++i) {
+    empty_calls.record(4, 0.004);
+    empty_calls.record(0, 0.004);
+  }
+  CHECK(empty_calls.seconds_per_token() == doctest::Approx(0.002).epsilon(0.05));
+  // Off for ~350 steps: half the measured cost, so drafts get tried again.
+  const double before = m.seconds_per_token();
+  for (int i = 0; i < 347; ++i) m.age();
+  CHECK(m.seconds_per_token() == doctest::Approx(before / 2).epsilon(0.02));
+}

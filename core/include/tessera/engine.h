@@ -256,6 +256,7 @@ class Engine {
   std::vector<uint32_t> mask_words_;  // one bit per token, for mask_row
   bool batch_has_drafts_ = false;
   StepTimeModel step_times_;  // forward + sampling seconds against tokens fed
+  DraftCostModel draft_cost_;  // the drafter's propose() seconds per draft token
   AcceptanceEstimate acceptance_;  // of every sequence's drafts: the prior of each sequence's
   EngineStats stats_;
 

@@ -7,10 +7,16 @@
 //     sequence whose drafts were switched off is probed again.
 //   - StepTimeModel: t(n) = a + b n, the engine's measured step time against the tokens fed,
 //     a least-squares fit with exponential forgetting (this machine, this stack, this load).
-//   - choose_num_drafts: the largest k <= max with alpha^k * (t(n)/n) >= b: the k-th draft's
-//     expected token (valued at what a token costs in a plain step of n rows) against one
-//     more row (b). Under load b * n / t(n) grows and k falls to 0 — speculation turns itself
-//     off, and back on when the load drops.
+//   - DraftCostModel: d, the drafter's own seconds per draft token proposed (its propose()
+//     time over the tokens it proposed). Prompt lookup costs ~nothing; a drafter that runs a
+//     model (draft-model, layer-skip) pays a forward per draft before the target sees it,
+//     time the step-time fit does not contain. (Calls that were a sequence's first are left
+//     out: they feed the drafter the whole prompt.)
+//   - choose_num_drafts: the largest k <= max with alpha^k * (t(n)/n) >= b + d: the k-th
+//     draft's expected token (valued at what a token costs in a plain step of n rows)
+//     against one more row (b) and drafting it (d). Under load b * n / t(n) grows and k falls
+//     to 0 — speculation turns itself off, and back on when the load drops; a draft that
+//     costs about what a target step does is switched off at any load.
 //
 // Plain values, no clock: the engine feeds measured times in; unit tests feed made-up ones.
 #pragma once
@@ -48,9 +54,26 @@ class StepTimeModel {
   double weight_ = 0, sum_n_ = 0, sum_nn_ = 0, sum_t_ = 0, sum_nt_ = 0;
 };
 
+class DraftCostModel {
+ public:
+  // One propose() call that took `seconds` and proposed `num_tokens` drafts (0 counts too:
+  // the time was spent for nothing).
+  void record(int32_t num_tokens, double seconds);
+  // A step in which the control proposed nothing because drafts did not pay: the measured cost
+  // fades slowly (half-life ~350 such steps), so drafts are tried again now and then in case
+  // the load, not the drafter, made them expensive.
+  void age();
+  double seconds_per_token() const;  // 0 until a draft token was proposed
+
+ private:
+  static constexpr double kForget = 0.9, kAge = 0.998;
+  double tokens_ = 0, seconds_ = 0;
+};
+
 // Drafts worth proposing for a sequence with acceptance `alpha`, in a step of `num_rows`
-// decode rows costing `step_seconds`, where a row costs `row_seconds` more; at most max_drafts.
+// decode rows costing `step_seconds`, where a row costs `row_seconds` more and drafting one
+// token `draft_token_seconds`; at most max_drafts.
 int32_t choose_num_drafts(double alpha, int32_t max_drafts, int32_t num_rows, double step_seconds,
-                          double row_seconds);
+                          double row_seconds, double draft_token_seconds = 0);
 
 }  // namespace tessera
