@@ -11,6 +11,8 @@ benchmarks only; CI never builds it.
   bench/peer_llama_cpp.py serve --clients 16    # llama-server -np 16 -cb vs tessera serve, alternating rounds
   bench/peer_llama_cpp.py all --write-docs      # both, table into docs/benchmarks.md
   bench/peer_llama_cpp.py formats -r 3 --write-docs   # pp512 / tg128 per weight format
+  bench/peer_llama_cpp.py spec -r 3 --write-docs      # llama-lookup / llama-speculative-simple
+                                                      # beside Tessera's drafters, batch 1
 
 Every figure in the table comes from this script's own run; ratios are Tessera / llama.cpp.
 """
@@ -61,8 +63,42 @@ def peer_bin(name: str) -> Path:
     return peer_dir() / "build" / "bin" / name
 
 
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def isa_flags() -> list[str]:
+    """GGML_NATIVE, except where the CPU reports AMX: -march=native then compiles ggml's AMX
+    kernels, and on the virtual machines seen here (AMX listed in /proc/cpuinfo but tile state
+    not usable) their first `ldtilecfg` kills llama-bench with SIGSEGV. There the build names
+    every other instruction set the CPU has that these models use (AVX2/FMA/F16C/BMI2, AVX-512F,
+    VBMI, VNNI, AVX-VNNI; not AVX512-BF16, whose tinyBLAS path does not compile with GCC 12
+    outside -march=native)."""
+    flags = cpu_flags()
+    if "amx_tile" not in flags:
+        return ["-DGGML_NATIVE=ON"]
+    isa = ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
+           "-DGGML_AVX512_BF16=OFF"]
+    # Named explicitly, not left to their defaults: a build folder first configured with
+    # GGML_NATIVE=ON has them cached OFF.
+    for cpu, option in (("sse4_2", "GGML_SSE42"), ("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"),
+                        ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"), ("bmi2", "GGML_BMI2"),
+                        ("avx512f", "GGML_AVX512"), ("avx512vbmi", "GGML_AVX512_VBMI"),
+                        ("avx512_vnni", "GGML_AVX512_VNNI"), ("avx_vnni", "GGML_AVX_VNNI")):
+        isa.append(f"-D{option}={'ON' if cpu in flags else 'OFF'}")
+    return isa
+
+
 def build_peer(jobs: int, targets: list[str]) -> None:
-    if all(peer_bin(t).exists() for t in targets):
+    stamp = peer_dir() / "build" / "tessera-isa-flags"
+    if all(peer_bin(t).exists() for t in targets) and stamp.exists() and \
+            stamp.read_text() == " ".join(isa_flags()):
         log(f"peer already built in {peer_dir()}")
         return
     src = peer_dir() / "src"
@@ -78,10 +114,11 @@ def build_peer(jobs: int, targets: list[str]) -> None:
             shutil.move(str(next(p for p in Path(tmp).iterdir() if p.is_dir())), src)
     build = peer_dir() / "build"
     run(["cmake", "-S", src / "vendor" / "llama.cpp", "-B", build, "-G", "Ninja",
-         "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON",
+         "-DCMAKE_BUILD_TYPE=Release", *isa_flags(), "-DLLAMA_CURL=OFF",
+         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON",
          "-DLLAMA_BUILD_SERVER=ON", f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={build / 'bin'}"])
     run(["cmake", "--build", build, "-j", str(jobs), "--target", *targets])
+    stamp.write_text(" ".join(isa_flags()))
 
 
 # ----------------------------------------------------------------------------- latency
@@ -309,6 +346,150 @@ def measure_serving(args) -> dict:
 # ----------------------------------------------------------------------------- report
 
 
+# ----------------------------------------------------------------------------- speculative decoding
+
+SPEC_TOKENS = 96  # as bench/make_spec_workloads.py's workloads
+
+
+def spec_prompts(n: int) -> dict[str, list[str]]:
+    """The user messages of bench/make_spec_workloads.py's two workloads (same passages, same
+    asks), unformatted: each side applies the model's chat template itself."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import make_spec_workloads as w
+    s = w.sentences()
+    grounded = [f"{w.ASKS[i % len(w.ASKS)]}\n\n" + " ".join(s[(i * 3 + k) % len(s)] for k in range(3))
+                for i in range(n)]
+    chat = [f"Tell me about {w.TOPICS[i % len(w.TOPICS)]}." for i in range(n)]
+    return {"input-grounded": grounded, "chat": chat}
+
+
+def peer_spec_once(tool: str, model: Path, draft: Path | None, text: str, k: int, threads: int) -> dict:
+    """One prompt through llama-lookup (prompt lookup; k = 0 decodes without drafts, the same
+    loop) or llama-speculative-simple (a draft model), greedy, SPEC_TOKENS tokens."""
+    import make_spec_workloads as w
+    cmd = [peer_bin(tool), "-m", model, "-p", w.chat(text), "-n", SPEC_TOKENS, "-t", threads, "-c", 2048,
+           "--temp", 0, "--ignore-eos", "--spec-draft-n-max", k]
+    if draft is not None:
+        cmd += ["-md", draft, "-td", threads, "--spec-type", "draft-simple"]
+    out = run(cmd, capture_output=True, text=True)
+    log_text = out.stdout + out.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log_text)
+    if m is None:
+        raise RuntimeError(f"{tool}: no 'decoded N tokens' line in its output:\n{log_text[-2000:]}")
+    drafted = re.search(r"n_drafted\s*=\s*(\d+)", log_text)
+    accepted = re.search(r"n_accept\s*=\s*(\d+)", log_text)
+    return {"tokens": int(m.group(1)), "seconds": float(m.group(2)), "tok_s": float(m.group(3)),
+            "drafted": int(drafted.group(1)) if drafted else 0, "accepted": int(accepted.group(1)) if accepted else 0}
+
+
+def tessera_spec_once(tessera: Path, config: Path, texts: list[str], tmp: Path) -> list[dict]:
+    """The prompts through `tessera generate --chat --json` on `config` (a batch-1 stack, so
+    they run one at a time), greedy, SPEC_TOKENS tokens each; decode tokens/s per request from
+    its own timings, as llama.cpp's 'decoded' line counts from the first generated token."""
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": str(i), "prompt": t}) + "\n" for i, t in enumerate(texts)))
+    out = run([tessera, "generate", "-c", config, "-f", prompts, "--chat", "--json", "--temperature", 0,
+               "--ignore-eos", "--max-tokens", SPEC_TOKENS], capture_output=True, text=True).stdout
+    res = []
+    for line in out.splitlines():
+        j = json.loads(line)
+        t = j["timings"]
+        n = len(j["tokens"])
+        decode_s = t["e2e_s"] - t["ttft_s"]
+        spec = j.get("speculative", {})
+        res.append({"tokens": n, "seconds": decode_s, "tok_s": (n - 1) / decode_s if decode_s > 0 else 0.0,
+                    "drafted": spec.get("draft_tokens", 0), "accepted": spec.get("accepted_tokens", 0)})
+    return res
+
+
+def f32_target(args) -> Path:
+    """An F32 copy of the default model written by `tessera quantize` (cached beside it): the
+    draft-model target, so that the Q4_1 file is a cheaper draft with the same vocabulary."""
+    out = args.model.with_name(args.model.name.replace(".Q4_1.gguf", ".F32.gguf"))
+    if not out.exists():
+        run([args.tessera, "quantize", args.model, out, "--type", "F32"], stdout=subprocess.DEVNULL)
+    return out
+
+
+def measure_spec(args) -> dict:
+    """--repeats rounds; in each, every case runs its prompts once, llama.cpp then Tessera, so
+    the ratios compare neighbouring runs. A case is (workload, what drafts): plain decoding,
+    prompt lookup (llama-lookup vs drafter.ngram and drafter.suffix), a draft model
+    (llama-speculative-simple vs drafter.draft-model, Q4_1 drafting for an F32 target)."""
+    prompts = spec_prompts(args.spec_prompts)
+    f32 = f32_target(args)
+    cfg = ROOT / "configs" / "bench"
+    k = args.spec_k
+    cases = []
+    for workload in ("input-grounded", "chat"):
+        cases += [
+            (workload, "plain", ("llama-lookup", args.model, None, 0), cfg / "spec-off.yaml"),
+            (workload, "prompt lookup", ("llama-lookup", args.model, None, k), cfg / "spec-ngram.yaml"),
+            (workload, "suffix", None, cfg / "spec-suffix.yaml"),
+            (workload, "layer-skip", None, cfg / "spec-layer-skip.yaml"),
+        ]
+    cases += [
+        ("chat", "F32 target, plain", ("llama-lookup", f32, None, 0), cfg / "spec-draft-target-f32.yaml"),
+        ("chat", "F32 target, Q4_1 draft model", ("llama-speculative-simple", f32, args.model, 6),
+         cfg / "spec-draft-model-f32.yaml"),
+    ]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = {(w, what): {"llama.cpp": [], "tessera": [], "peer_acc": [], "tessera_acc": []} for w, what, _, _ in cases}
+        loads = []
+        for r in range(args.repeats):
+            loads.append(loadavg())
+            log(f"spec round {r + 1}/{args.repeats} (load {loads[-1]})")
+            for workload, what, peer, config in cases:
+                row = rows[(workload, what)]
+                if peer is not None:
+                    tool, model, draft, kk = peer
+                    runs = [peer_spec_once(tool, model, draft, t, kk, args.threads) for t in prompts[workload]]
+                    row["llama.cpp"].append(median([x["tok_s"] for x in runs]))
+                    d = sum(x["drafted"] for x in runs)
+                    row["peer_acc"].append((sum(x["accepted"] for x in runs), d))
+                runs = tessera_spec_once(args.tessera, config, prompts[workload], Path(tmp))
+                row["tessera"].append(median([x["tok_s"] for x in runs]))
+                row["tessera_acc"].append((sum(x["accepted"] for x in runs), sum(x["drafted"] for x in runs)))
+        for (workload, what), row in rows.items():
+            results.append({"workload": workload, "drafts": what, **row})
+    return {"rows": results, "load": loads, "k": k, "prompts": args.spec_prompts, "f32": str(f32)}
+
+
+def spec_table(res: dict, args) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [f"Measured {stamp} by `bench/peer_llama_cpp.py {' '.join(sys.argv[1:])}`: batch 1, greedy, "
+             f"{SPEC_TOKENS} tokens per prompt (`--ignore-eos`), {res['prompts']} prompts per workload (the "
+             f"user messages of `bench/make_spec_workloads.py`, chat-formatted by each side), {args.threads} "
+             f"threads, {args.repeats} rounds, each case llama.cpp then Tessera; load average per round "
+             f"{', '.join(res['load'])}. llama.cpp: `llama-lookup` (its n-gram cache over prompt and output, "
+             f"`--spec-draft-n-max {res['k']}`; `--spec-draft-n-max 0` is the plain row, the same loop "
+             f"without drafts) and `llama-speculative-simple` (`-md` the Q4_1 file, 6 drafts); Tessera: "
+             f"`tessera generate --chat --json` on the `configs/bench/spec-*.yaml` stacks. Figures are the "
+             f"median over prompts of each request's decode tokens/s, then the median over rounds; speedup "
+             f"is against the same tool's plain row.", ""]
+    lines.append("| workload | drafts | llama.cpp tok/s | llama.cpp speedup | llama.cpp accepted / drafted | "
+                 "Tessera tok/s | Tessera speedup | Tessera accepted / drafted | Tessera / llama.cpp |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    by_key = {(r["workload"], r["drafts"]): r for r in res["rows"]}
+
+    def acc(pairs):
+        a, d = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+        return f"{a} / {d} ({100.0 * a / d:.0f} %)" if d else "–"
+
+    for r in res["rows"]:
+        base = by_key[(r["workload"], "F32 target, plain" if r["drafts"].startswith("F32") else "plain")]
+        p, t = median(r["llama.cpp"]), median(r["tessera"])
+        pb, tb = median(base["llama.cpp"]), median(base["tessera"])
+        peer_cells = [f"{p:.1f} ({spread(r['llama.cpp'])})", f"{p / pb:.2f}×", acc(r["peer_acc"])] \
+            if r["llama.cpp"] else ["–", "–", "–"]
+        lines.append("| " + " | ".join([r["workload"], r["drafts"], *peer_cells,
+                                         f"{t:.1f} ({spread(r['tessera'])})", f"{t / tb:.2f}×",
+                                         acc(r["tessera_acc"]),
+                                         f"{t / p:.2f}×" if r["llama.cpp"] else "–"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def display_path(p: Path) -> str:
     try:
         return str(p.resolve().relative_to(ROOT))
@@ -389,7 +570,7 @@ def write_docs(text: str, begin: str = DOCS_BEGIN, end: str = DOCS_END,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["build", "latency", "serve", "all", "formats"])
+    ap.add_argument("what", choices=["build", "latency", "serve", "all", "formats", "spec"])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--tessera", type=Path, default=ROOT / "build" / "bin" / "tessera")
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-cpu.yaml",
@@ -409,6 +590,8 @@ def main() -> int:
                     help=f"llama-quantize types of the format sweep (default: {','.join(FORMATS)})")
     ap.add_argument("--format-dir", type=Path, default=CACHE / "formats",
                     help="where the requantized models are kept")
+    ap.add_argument("--spec-prompts", type=int, default=8, help="prompts per workload of the spec comparison")
+    ap.add_argument("--spec-k", type=int, default=8, help="most drafts per step of the prompt-lookup rows")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--write-docs", action="store_true", help="replace the table in docs/benchmarks.md")
@@ -418,7 +601,7 @@ def main() -> int:
 
     # Only what this command runs: the format sweep needs llama-bench and llama-quantize.
     targets = {"latency": ["llama-bench"], "formats": ["llama-bench", "llama-quantize"],
-               "serve": ["llama-server"]}.get(args.what, ["llama-bench", "llama-server"])
+               "serve": ["llama-server"], "spec": ["llama-lookup", "llama-speculative-simple"]}.get(args.what, ["llama-bench", "llama-server"])
     build_peer(args.jobs, targets)
     if args.what == "build":
         return 0
@@ -432,6 +615,16 @@ def main() -> int:
         if args.write_docs:
             write_docs(text, "<!-- peer-llama-cpp-formats:begin -->", "<!-- peer-llama-cpp-formats:end -->",
                        "Weight formats side by side with llama.cpp (peer script)")
+        return 0
+    if args.what == "spec":
+        res = measure_spec(args)
+        text = spec_table(res, args)
+        print(text)
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=2))
+        if args.write_docs:
+            write_docs(text, "<!-- peer-llama-cpp-spec:begin -->", "<!-- peer-llama-cpp-spec:end -->",
+                       "Speculative decoding beside llama.cpp's lookup and speculative-simple (peer script)")
         return 0
     lat = measure_latency(args) if args.what in ("latency", "all") else None
     srv = measure_serving(args) if args.what in ("serve", "all") else None
