@@ -39,6 +39,15 @@ def sentences() -> list[str]:
     return out
 
 
+def user_messages(n: int) -> dict[str, list[str]]:
+    """The n user messages of each workload, before the chat template (the peer script's
+    `spec` comparison sends the same ones to llama.cpp)."""
+    s = sentences()
+    grounded = [f"{ASKS[i % len(ASKS)]}\n\n" + " ".join(s[(i * 3 + k) % len(s)] for k in range(3))
+                for i in range(n)]
+    return {"input-grounded": grounded, "chat": [f"Tell me about {TOPICS[i % len(TOPICS)]}." for i in range(n)]}
+
+
 def chat(user: str) -> str:
     return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -57,12 +66,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("-o", "--out-dir", default=str(ROOT / "bench/workloads"))
     args = ap.parse_args()
-    s = sentences()
-    grounded = []
-    for i in range(args.n):
-        passage = " ".join(s[(i * 3 + k) % len(s)] for k in range(3))
-        grounded.append(chat(f"{ASKS[i % len(ASKS)]}\n\n{passage}"))
-    free = [chat(f"Tell me about {TOPICS[i % len(TOPICS)]}.") for i in range(args.n)]
+    messages = user_messages(args.n)
+    grounded = [chat(m) for m in messages["input-grounded"]]
+    free = [chat(m) for m in messages["chat"]]
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, prompts in (("spec-grounded", grounded), ("spec-chat", free)):

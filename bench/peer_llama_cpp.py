@@ -34,6 +34,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import make_spec_workloads  # bench/, beside this script: the spec comparison's prompts
+
 ROOT = Path(__file__).resolve().parents[1]
 PEER_VERSION = "0.3.36"  # the llama-cpp-python release whose fixtures tests/ compares with
 CACHE = Path(os.environ.get("TESSERA_PEER_DIR", Path.home() / ".cache/tessera/peer"))
@@ -351,23 +353,10 @@ def measure_serving(args) -> dict:
 SPEC_TOKENS = 96  # as bench/make_spec_workloads.py's workloads
 
 
-def spec_prompts(n: int) -> dict[str, list[str]]:
-    """The user messages of bench/make_spec_workloads.py's two workloads (same passages, same
-    asks), unformatted: each side applies the model's chat template itself."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import make_spec_workloads as w
-    s = w.sentences()
-    grounded = [f"{w.ASKS[i % len(w.ASKS)]}\n\n" + " ".join(s[(i * 3 + k) % len(s)] for k in range(3))
-                for i in range(n)]
-    chat = [f"Tell me about {w.TOPICS[i % len(w.TOPICS)]}." for i in range(n)]
-    return {"input-grounded": grounded, "chat": chat}
-
-
 def peer_spec_once(tool: str, model: Path, draft: Path | None, text: str, k: int, threads: int) -> dict:
     """One prompt through llama-lookup (prompt lookup; k = 0 decodes without drafts, the same
     loop) or llama-speculative-simple (a draft model), greedy, SPEC_TOKENS tokens."""
-    import make_spec_workloads as w
-    cmd = [peer_bin(tool), "-m", model, "-p", w.chat(text), "-n", SPEC_TOKENS, "-t", threads, "-c", 2048,
+    cmd = [peer_bin(tool), "-m", model, "-p", make_spec_workloads.chat(text), "-n", SPEC_TOKENS, "-t", threads, "-c", 2048,
            "--temp", 0, "--ignore-eos", "--spec-draft-n-max", k]
     if draft is not None:
         cmd += ["-md", draft, "-td", threads, "--spec-type", "draft-simple"]
@@ -416,7 +405,7 @@ def measure_spec(args) -> dict:
     the ratios compare neighbouring runs. A case is (workload, what drafts): plain decoding,
     prompt lookup (llama-lookup vs drafter.ngram and drafter.suffix), a draft model
     (llama-speculative-simple vs drafter.draft-model, Q4_1 drafting for an F32 target)."""
-    prompts = spec_prompts(args.spec_prompts)
+    prompts = make_spec_workloads.user_messages(args.spec_prompts)
     f32 = f32_target(args)
     cfg = ROOT / "configs" / "bench"
     k = args.spec_k

@@ -757,20 +757,16 @@ void Engine::propose_drafts() {
   const double draft_seconds = now() - t0;
   stats_.draft_seconds += draft_seconds;
   if (!st.is_ok()) ++stats_.num_drafter_errors;
-  // The control's draft cost, from calls that fed no new sequence's prompt.
-  size_t proposed = 0;
-  bool first_call = false;
-  for (size_t i = 0; i < draft_requests_.size(); ++i) {
-    proposed += std::min(draft_requests_[i].out->tokens.size(), static_cast<size_t>(draft_requests_[i].max_drafts));
-    first_call |= !draft_sequences_[i]->drafter_has_seen;
-    draft_sequences_[i]->drafter_has_seen = true;
-  }
-  if (!first_call) draft_cost_.record(static_cast<int32_t>(proposed), draft_seconds);
+  size_t proposed = 0;     // drafts the call produced, whether or not they are kept below
+  bool first_call = false;  // it fed some sequence's prompt too
   for (size_t i = 0; i < draft_requests_.size(); ++i) {
     Sequence& seq = *draft_sequences_[i];
     Draft& d = seq.draft;
     if (d.tokens.size() > static_cast<size_t>(draft_requests_[i].max_drafts))
       d.tokens.resize(draft_requests_[i].max_drafts);
+    proposed += d.tokens.size();
+    first_call |= !seq.drafter_has_seen;
+    seq.drafter_has_seen = true;
     // A failed call, or q rows that do not match the tokens: no drafts for this sequence.
     const bool bad_q = !d.q.empty() && d.q.size() < d.tokens.size() * static_cast<size_t>(vocab);
     bool bad_token = false;
@@ -798,6 +794,8 @@ void Engine::propose_drafts() {
     seq.info.num_draft_tokens = static_cast<int32_t>(d.tokens.size());
     seq.sync_view();
   }
+  // The control's draft cost, from calls that fed no new sequence's prompt.
+  if (!first_call) draft_cost_.record(static_cast<int32_t>(proposed), draft_seconds);
 }
 
 Status Engine::mask_row(ConstraintMatcher& matcher, float* row) {

@@ -15,14 +15,16 @@ ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quanti
       grouped_matmul_(dynamic_cast<GroupedMatmul*>(&quantizer)), attention_(attention),
       layout_(layout), layers_(std::move(layers)) {
   const ModelHparams& hp = model.hparams();
-  if (layers_.empty()) {
+  if (layers_.empty())
     for (int32_t l = 0; l < hp.num_layers; ++l) layers_.push_back(l);
-  } else {
-    for (size_t i = 0; i < layers_.size(); ++i)
-      if (layers_[i] < 0 || layers_[i] >= hp.num_layers || (i > 0 && layers_[i] <= layers_[i - 1]))
-        throw std::runtime_error("runner layers: " + std::to_string(layers_[i]) +
-                                 " is out of order or outside the model's " + std::to_string(hp.num_layers) +
-                                 " layers (0.." + std::to_string(hp.num_layers - 1) + ")");
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i] < 0 || layers_[i] >= hp.num_layers)
+      throw std::invalid_argument("layers: " + std::to_string(layers_[i]) + " is not a layer of " + model.name() +
+                                  ", which has " + std::to_string(hp.num_layers) + " (0.." +
+                                  std::to_string(hp.num_layers - 1) + ")");
+    if (i > 0 && layers_[i] <= layers_[i - 1])
+      throw std::invalid_argument("layers: " + std::to_string(layers_[i]) + " follows " +
+                                  std::to_string(layers_[i - 1]) + "; list them ascending, each once");
   }
   const auto pooled_layers = static_cast<int64_t>(layers_.size());
   attention_shape_.num_heads = hp.num_heads;
