@@ -8,6 +8,7 @@ packages=(
   libboost-dev libboost-filesystem-dev libboost-system-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libssl-dev
   protobuf-compiler libprotobuf-dev
+  libgrpc++-dev protobuf-compiler-grpc  # kv_connector.grpc: KV transfer between prefill and decode engines
   libhiredis-dev redis-server  # the exact cache's Redis tier; the gateway and dashboard tests start one
   libhnswlib-dev  # cache_layer.semantic's HNSW index
   wordnet-base  # the semantic-cache bench's paraphrase pairs (bench/make_paraphrase_pairs.py)

@@ -101,6 +101,16 @@ void run_serve(const ServeOptions& opt) {
                "'{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
                "\"max_tokens\": 64}'\n",
                url.c_str(), api_keys.empty() ? "" : " -H 'Authorization: Bearer $KEY'", model_id.c_str());
+  for (const std::string& endpoint : gateway.prefill_endpoints())
+    std::fprintf(stderr, "tessera serve: prefill engine %s serves remote prefills (disaggregation)\n",
+                 endpoint.c_str());
+  for (size_t i = 0; i < gateway.num_deployments(); ++i)
+    if (DisaggregatedDeployment* d = gateway.disaggregated(gateway.deployment(i).name())) {
+      std::string list;
+      for (const std::string& a : d->prefill_addresses()) list += (list.empty() ? "" : ", ") + a;
+      std::fprintf(stderr, "tessera serve: deployment \"%s\" decodes; prompts are prefilled at %s\n",
+                   d->name().c_str(), list.c_str());
+    }
   std::fflush(stderr);
 
   // Graceful shutdown, polled: in-flight requests get shutdown_timeout to finish, then are

@@ -12,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -68,7 +69,8 @@ const char* default_engine_plugin(PluginKind kind) {
     case PluginKind::kDrafter: return nullptr;
     case PluginKind::kConstraint: return "json-schema";
     case PluginKind::kCacheLayer:
-    case PluginKind::kRouter: return nullptr;
+    case PluginKind::kRouter:
+    case PluginKind::kKvConnector: return nullptr;
   }
   return nullptr;
 }
@@ -785,11 +787,11 @@ class StackValidator {
     StackConfig config;
     config.file = top_file_;
     check_keys(root, "", {"extends", "plugin_paths", "model", "engine", "deployments", "gateway", "embedding",
-                          "server"});
+                          "server", "disaggregation"});
     // Plugin folders first: the slots below may name plugins that live there.
     if (const TreeEntry* e = root.find("plugin_paths")) validate_plugin_paths(*e, &config);
     if (const TreeEntry* d = root.find("deployments")) {
-      for (const char* key : {"model", "engine"})
+      for (const char* key : {"model", "engine", "disaggregation"})
         if (const TreeEntry* e = root.find(key))
           issues_.add_at_key(*e, key,
                              "with 'deployments:' each deployment has its own model and engine; move "
@@ -807,7 +809,9 @@ class StackValidator {
                     "missing required key 'model' (at least {path: MODEL}), or 'deployments'");
       }
       validate_engine(root, "engine", &config.engine);
-      config.deployments.push_back(DeploymentConfig{config.model.name, config.model, config.engine});
+      config.deployments.push_back(DeploymentConfig{config.model.name, config.model, config.engine, {}});
+      if (const TreeEntry* e = root.find("disaggregation"))
+        validate_disaggregation(*e, "disaggregation", &config.deployments.back().disaggregation);
     }
     if (const TreeEntry* e = root.find("gateway")) validate_gateway(*e, &config);
     if (const TreeEntry* e = root.find("embedding")) validate_embedding(*e, &config);
@@ -1102,7 +1106,7 @@ class StackValidator {
         continue;
       }
       if (!resolve_deployment_extends(path, &tree)) continue;
-      if (!check_keys(tree, path, {"model", "engine"})) continue;
+      if (!check_keys(tree, path, {"model", "engine", "disaggregation"})) continue;
       DeploymentConfig dc;
       dc.name = d.key;
       if (const TreeEntry* m = tree.find("model")) {
@@ -1115,6 +1119,8 @@ class StackValidator {
       }
       dc.model.name = d.key;
       validate_engine(tree, path + ".engine", &dc.engine);
+      if (const TreeEntry* e = tree.find("disaggregation"))
+        validate_disaggregation(*e, path + ".disaggregation", &dc.disaggregation);
       config->deployments.push_back(std::move(dc));
     }
   }
@@ -1180,6 +1186,57 @@ class StackValidator {
                                "'" + config->router_name + "' is also a deployment's name; give the router another");
         config->router = std::move(*slot);
       }
+    }
+  }
+
+  // `disaggregation: {role: both|prefill|decode, connector: {plugin: NAME, ...}, listen:
+  // HOST:PORT, prefill: [HOST:PORT, ...], transfer_timeout: DURATION}`.
+  void validate_disaggregation(const TreeEntry& entry, const std::string& path, DisaggregationConfig* out) {
+    if (!check_keys(entry.value, path, {"role", "connector", "listen", "prefill", "transfer_timeout"})) return;
+    static const ParamSpec kRole{"role", ParamType::kEnum, "both", "", -INFINITY, INFINITY, "both|prefill|decode"};
+    static const ParamSpec kListen{"listen", ParamType::kString, "", ""};
+    static const ParamSpec kPrefill{"prefill", ParamType::kStringList, "[]", ""};
+    static const ParamSpec kTimeout{"transfer_timeout", ParamType::kDuration, "30s", "", 0.1, 3600};
+    field(entry, path, kRole, &out->role);
+    field(entry, path, kListen, &out->listen);
+    field(entry, path, kPrefill, &out->prefill);
+    field(entry, path, kTimeout, &out->transfer_timeout);
+    const TreeEntry* connector = entry.value.find("connector");
+    if (connector) {
+      out->connector = validate_slot(connector->value, Position{connector->key_file, connector->key_mark},
+                                     PluginKind::kKvConnector, path + ".connector", false);
+    }
+    auto check_address = [&](const std::string& address, const std::string& key, const TreeEntry& at) {
+      const auto colon = address.rfind(':');
+      bool ok = colon != std::string::npos && colon > 0 && colon + 1 < address.size();
+      if (ok) {
+        for (size_t i = colon + 1; i < address.size(); ++i) ok = ok && std::isdigit(static_cast<unsigned char>(address[i]));
+        ok = ok && address.size() - colon - 1 <= 5 && std::stol(address.substr(colon + 1)) <= 65535;
+      }
+      if (!ok) issues_.add_at_key(at, path + "." + key, "expected HOST:PORT (port 0..65535), got \"" + address + "\"");
+    };
+    if (out->role == "both") {
+      if (connector || !out->listen.empty() || !out->prefill.empty())
+        issues_.add_at_key(entry, path + ".role",
+                           "role 'both' (the default) serves prefill and decode here; set role: prefill or "
+                           "role: decode to use connector, listen or prefill");
+      return;
+    }
+    if (!connector)
+      issues_.add_at_key(entry, path, "role '" + out->role + "' needs a connector (e.g. connector: {plugin: grpc})");
+    if (out->role == "prefill") {
+      if (out->listen.empty())
+        issues_.add_at_key(entry, path, "role 'prefill' needs 'listen' (HOST:PORT the decode engines call)");
+      else
+        check_address(out->listen, "listen", *entry.value.find("listen"));
+      if (!out->prefill.empty())
+        issues_.add_at_key(*entry.value.find("prefill"), path + ".prefill", "only a decode engine has prefill engines");
+    } else {
+      if (out->prefill.empty())
+        issues_.add_at_key(entry, path, "role 'decode' needs 'prefill': the list of prefill engines' HOST:PORT");
+      for (const std::string& a : out->prefill) check_address(a, "prefill", *entry.value.find("prefill"));
+      if (!out->listen.empty())
+        issues_.add_at_key(*entry.value.find("listen"), path + ".listen", "only a prefill engine listens");
     }
   }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -123,6 +124,8 @@ Engine::Engine(EngineComponents components) : components_(std::move(components))
   Status st = c.kv_cache->configure(shape, &kv_layout_);
   if (!st.is_ok()) throw std::runtime_error(st.message());
   scheduler_kv_ = std::make_unique<PromptLogprobsKvView>(*this, *c.kv_cache);
+  kv_token_bytes_k_ = KvLayout::pool_block_bytes(shape, 1, kv_layout_.k_dtype);
+  kv_token_bytes_v_ = KvLayout::pool_block_bytes(shape, 1, kv_layout_.v_dtype);
   // A device backend may run the whole forward itself (tessera/sdk/forward.h); otherwise the
   // core runner drives the backend's kernels and the quantizer's matmuls.
   if (auto* provider = dynamic_cast<ForwardRunnerProvider*>(c.backend.get())) {
@@ -171,7 +174,10 @@ Status Engine::compile_constraint(const ConstraintSpec& spec,
   }
 }
 
-Engine::~Engine() { stop(); }
+Engine::~Engine() {
+  stop();
+  detach_transfers();
+}
 
 Status Engine::check(const GenerationRequest& request) const {
   const int32_t vocab = components_.model->hparams().vocab_size;
@@ -192,6 +198,18 @@ Status Engine::check(const GenerationRequest& request) const {
     return invalid_argument("max_tokens: must be at least " + std::to_string(min_tokens) + ", got " +
                             std::to_string(request.params.max_tokens));
   if (request.n < 1) return invalid_argument("n: must be at least 1, got " + std::to_string(request.n));
+  if (request.kv_export || request.kv_import) {
+    // One sample, no prompt logits, no matcher state: what a transfer carries.
+    if (request.n != 1 || request.prompt_logprobs >= 0 || request.constraint)
+      return invalid_argument("disaggregation: a transferred request has n 1, no prompt_logprobs and no constraint");
+    if (request.kv_export && request.kv_import)
+      return invalid_argument("disaggregation: a request is either exported or imported");
+    if (request.kv_import &&
+        request.kv_import->prefilled().num_kv_tokens != static_cast<int32_t>(request.prompt.size()))
+      return invalid_argument("disaggregation: the transfer carries " +
+                              std::to_string(request.kv_import->prefilled().num_kv_tokens) +
+                              " tokens of KV, the prompt has " + std::to_string(request.prompt.size()));
+  }
   if (request.n > components_.scheduler->max_num_seqs())
     return invalid_argument("n: " + std::to_string(request.n) + " exceeds the scheduler's max_num_seqs (" +
                             std::to_string(components_.scheduler->max_num_seqs()) + ")");
@@ -235,10 +253,22 @@ void Engine::cancel(uint64_t request_id) {
 void Engine::drain_inbox() {
   std::vector<std::shared_ptr<Request>> incoming;
   std::vector<uint64_t> cancels;
+  std::vector<std::pair<SeqId, Status>> landed;
+  std::vector<SeqId> released;
   {
     std::lock_guard<std::mutex> lock(inbox_mutex_);
     incoming.swap(inbox_requests_);
     cancels.swap(inbox_cancels_);
+    landed.swap(inbox_kv_landed_);
+    released.swap(inbox_export_releases_);
+  }
+  for (SeqId id : released) release_export(id);
+  for (const auto& [id, status] : landed) {
+    try {
+      kv_landed(id, status);
+    } catch (const std::exception& e) {
+      if (Sequence* seq = find_sequence(id)) finish(*seq, FinishReason::kError, internal_error(e.what()));
+    }
   }
   const double t = now();
   for (auto& r : incoming) {
@@ -292,7 +322,7 @@ void Engine::admit(const std::shared_ptr<Request>& r, double t) {
   requests_[r->id] = r;
   try {
     sequences_.emplace(id, std::move(seq));
-    components_.scheduler->add(&admitted.info);
+    if (!r->spec.kv_import) components_.scheduler->add(&admitted.info);
   } catch (...) {
     try {
       components_.scheduler->remove(id);
@@ -304,6 +334,133 @@ void Engine::admit(const std::shared_ptr<Request>& r, double t) {
   }
   if (!matcher_status.is_ok())
     finish(admitted, FinishReason::kError, Status(matcher_status.code(), "constraint: " + matcher_status.message()));
+  else if (r->spec.kv_import)
+    admit_imported(admitted);
+}
+
+void Engine::admit_imported(Sequence& seq) {
+  KvImport& import = *seq.request->spec.kv_import;
+  const PrefillResult& prefilled = import.prefilled();
+  seq.sampler_state.rng = prefilled.rng_state;
+  seq.num_cached_prompt_tokens = prefilled.num_cached_tokens;
+  seq.timings.first_scheduled = seq.timings.arrival;
+  // The first token, sampled by the prefill engine, is output now: that is the TTFT.
+  emitted_.clear();
+  for (const SampledToken& t : prefilled.tokens) {
+    append_token(seq, t, &emitted_);
+    if (seq.finished) break;
+  }
+  emit(seq, emitted_);
+  if (seq.finished) {
+    import.refuse(Status(StatusCode::kCancelled, "the first token ended the request"));
+    return;
+  }
+  bool allocated = false;
+  try {
+    allocated = components_.kv_cache->allocate_slots(seq.info, seq.info.num_prompt_tokens);
+  } catch (...) {
+  }
+  if (!allocated) {
+    // No room now: compute the prompt here when the scheduler can, like a preempted sequence.
+    ++stats_.num_kv_import_fallbacks;
+    import.refuse(resource_exhausted("decode engine: no free KV blocks for the " +
+                                     std::to_string(seq.info.num_prompt_tokens) +
+                                     " prompt tokens; it computes the prompt itself"));
+    components_.scheduler->add(&seq.info);
+    return;
+  }
+  const std::span<const int32_t> table = components_.kv_cache->block_table(seq.info.id);
+  const SeqId id = seq.info.id;
+  awaiting_kv_[id] = seq.request->spec.kv_import;
+  import.set_target(runner_.get(), std::vector<int32_t>(table.begin(), table.end()), kv_token_bytes_k_,
+                    kv_token_bytes_v_, [this, id](const Status& st) {
+                      {
+                        std::lock_guard<std::mutex> lock(inbox_mutex_);
+                        inbox_kv_landed_.emplace_back(id, st);
+                      }
+                      inbox_ready_.notify_one();
+                    });
+}
+
+void Engine::kv_landed(SeqId id, const Status& status) {
+  auto it = awaiting_kv_.find(id);
+  if (it == awaiting_kv_.end()) return;  // cancelled meanwhile: release_finished detached it
+  std::shared_ptr<KvImport> import = std::move(it->second);
+  awaiting_kv_.erase(it);
+  import->detach();  // nothing writes into the blocks from here on
+  Sequence* seq = find_sequence(id);
+  if (!seq || seq->finished) return;
+  if (status.is_ok()) {
+    seq->info.num_computed_tokens = seq->info.num_prompt_tokens;
+    seq->info.status = SequenceStatus::kRunning;
+    components_.kv_cache->mark_computed(seq->info, seq->info.num_computed_tokens);
+    ++stats_.num_kv_imports;
+    stats_.kv_import_bytes += static_cast<uint64_t>(import->bytes_written());
+  } else {
+    // The transfer failed (the prefill process went away, a checksum): the rows written so
+    // far are worthless; compute the prompt here, the first token already out.
+    components_.kv_cache->free(id);
+    ++stats_.num_kv_import_fallbacks;
+  }
+  // Arriving computed, it runs at once (as a forked child does); otherwise it waits.
+  components_.scheduler->add(&seq->info);
+}
+
+bool Engine::hold_for_export(Sequence& seq) {
+  KvExport& exp = *seq.request->spec.kv_export;
+  PrefillResult result;
+  result.num_layers = components_.model->hparams().num_layers;
+  result.num_cached_tokens = seq.num_cached_prompt_tokens;
+  result.prefill_seconds = now() - seq.timings.arrival;
+  result.rng_state = seq.sampler_state.rng;
+  const bool prompt_done = seq.info.num_computed_tokens >= seq.info.num_prompt_tokens;
+  if (seq.finish_reason != FinishReason::kLength || !prompt_done) {
+    result.finish = seq.finish_reason == FinishReason::kStop ? FinishReason::kStop : FinishReason::kError;
+    if (result.finish == FinishReason::kError)
+      result.error = seq.finish_error.is_ok() ? Status(StatusCode::kCancelled, "the prefill was cancelled")
+                                              : seq.finish_error;
+    exp.set_failed(std::move(result));
+    return false;
+  }
+  result.finish = FinishReason::kNone;
+  result.num_kv_tokens = seq.info.num_prompt_tokens;
+  const std::span<const int32_t> table = components_.kv_cache->block_table(seq.info.id);
+  const SeqId id = seq.info.id;
+  held_exports_[id] = seq.request->spec.kv_export;
+  exp.set_ready(std::move(result), runner_.get(), std::vector<int32_t>(table.begin(), table.end()),
+                kv_token_bytes_k_, kv_token_bytes_v_, [this, id] {
+                  {
+                    std::lock_guard<std::mutex> lock(inbox_mutex_);
+                    inbox_export_releases_.push_back(id);
+                  }
+                  inbox_ready_.notify_one();
+                });
+  return true;
+}
+
+void Engine::release_export(SeqId id) {
+  auto it = held_exports_.find(id);
+  if (it == held_exports_.end()) return;
+  held_exports_.erase(it);
+  try {
+    components_.kv_cache->free(id);
+  } catch (...) {
+  }
+}
+
+void Engine::detach_transfers() {
+  for (auto& [id, import] : awaiting_kv_) import->detach();
+  awaiting_kv_.clear();
+  for (auto& [id, exp] : held_exports_) exp->detach();
+  held_exports_.clear();
+  // Prefills still queued or running will never finish: their waiters hear so now.
+  for (auto& [id, seq] : sequences_)
+    if (seq->request->spec.kv_export) seq->request->spec.kv_export->detach();
+  std::lock_guard<std::mutex> lock(inbox_mutex_);
+  for (auto& r : inbox_requests_) {
+    if (r->spec.kv_export) r->spec.kv_export->detach();
+    if (r->spec.kv_import) r->spec.kv_import->refuse(Status(StatusCode::kUnavailable, "the decode engine stopped"));
+  }
 }
 
 void Engine::reject_admission(const Request& r, const Status& error) {
@@ -894,7 +1051,13 @@ void Engine::release_finished() {
     auto it = sequences_.find(id);
     if (it == sequences_.end()) continue;
     guarded([&] { components_.scheduler->remove(id); });
-    guarded([&] { components_.kv_cache->free(id); });
+    if (auto a = awaiting_kv_.find(id); a != awaiting_kv_.end()) {
+      a->second->detach();  // before the blocks go back: no late write lands in them
+      awaiting_kv_.erase(a);
+    }
+    bool held = false;
+    if (it->second->request->spec.kv_export) guarded([&] { held = hold_for_export(*it->second); });
+    if (!held) guarded([&] { components_.kv_cache->free(id); });
     if (components_.drafter) guarded([&] { components_.drafter->forget(id); });
     ++stats_.num_finished;
     auto req = it->second->request;
@@ -910,6 +1073,8 @@ void Engine::publish_stats() {
   stats_.num_running = c.scheduler->num_running();
   stats_.num_waiting = c.scheduler->num_waiting();
   stats_.kv = c.kv_cache->stats();
+  stats_.num_held_exports = static_cast<int32_t>(held_exports_.size());
+  stats_.num_waiting_for_kv = static_cast<int32_t>(awaiting_kv_.size());
   published_stats_ = stats_;
 }
 
@@ -930,10 +1095,12 @@ void Engine::start() {
   loop_ = std::thread([this] {
     while (running_) {
       const bool worked = step();
-      if (!worked && sequences_.empty()) {
+      // Idle, or only sequences whose KV is in flight: nothing changes until the inbox does.
+      if (!worked && sequences_.size() == awaiting_kv_.size()) {
         std::unique_lock<std::mutex> lock(inbox_mutex_);
         inbox_ready_.wait_for(lock, std::chrono::milliseconds(50), [this] {
-          return !running_ || !inbox_requests_.empty() || !inbox_cancels_.empty();
+          return !running_ || !inbox_requests_.empty() || !inbox_cancels_.empty() ||
+                 !inbox_kv_landed_.empty() || !inbox_export_releases_.empty();
         });
       }
     }
@@ -949,6 +1116,36 @@ void Engine::stop() {
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   return published_stats_;
+}
+
+}  // namespace tessera
+
+namespace tessera {
+
+std::string Engine::kv_fingerprint() const {
+  // FNV-1a over the tensor table and a sample of every tensor's bytes: two files with the
+  // same shapes but other weights (another quantization, another fine-tune) differ.
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  };
+  for (const gguf::TensorInfo& t : components_.model->file().tensors()) {
+    mix(t.name.data(), t.name.size());
+    mix(&t.type, sizeof t.type);
+    mix(t.dims.data(), t.dims.size() * sizeof(int64_t));
+    const size_t n = std::min<size_t>(t.num_bytes, 256);
+    if (t.data) {
+      mix(t.data, n);
+      mix(t.data + t.num_bytes - n, n);
+    }
+  }
+  const ModelHparams& hp = components_.model->hparams();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return "model=" + components_.model->name() + " weights=" + hex + " layers=" + std::to_string(hp.num_layers) +
+         " kv_heads=" + std::to_string(hp.num_kv_heads) + " head_dim=" + std::to_string(hp.head_dim) +
+         " k=" + kv_dtype_name(kv_layout_.k_dtype) + " v=" + kv_dtype_name(kv_layout_.v_dtype);
 }
 
 }  // namespace tessera

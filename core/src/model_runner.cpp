@@ -249,3 +249,60 @@ void ModelRunner::copy_blocks(std::span<const BlockCopy> copies) {
 }
 
 }  // namespace tessera
+
+namespace tessera {
+
+Status ModelRunner::check_kv_transfer(int32_t layer, std::span<const int32_t> block_table, int32_t num_tokens,
+                                      size_t* k_token_bytes, size_t* v_token_bytes) const {
+  const auto& hp = model_.hparams();
+  if (static_cast<int32_t>(layers_.size()) != hp.num_layers)
+    return unimplemented("a runner over a subset of the layers holds no complete KV to transfer");
+  if (layer < 0 || layer >= hp.num_layers)
+    return invalid_argument("KV transfer: layer " + std::to_string(layer) + " is not in [0, " +
+                            std::to_string(hp.num_layers) + ")");
+  const int64_t needed_blocks = (static_cast<int64_t>(num_tokens) + layout_.block_size - 1) / layout_.block_size;
+  if (num_tokens < 0 || needed_blocks > static_cast<int64_t>(block_table.size()))
+    return invalid_argument("KV transfer: " + std::to_string(num_tokens) + " tokens need " +
+                            std::to_string(needed_blocks) + " blocks, the block table has " +
+                            std::to_string(block_table.size()));
+  for (int64_t b = 0; b < needed_blocks; ++b)
+    if (block_table[b] < 0 || block_table[b] >= layout_.num_blocks)
+      return invalid_argument("KV transfer: block " + std::to_string(block_table[b]) + " is outside the pool");
+  *k_token_bytes = k_block_bytes_ / static_cast<size_t>(layout_.block_size);
+  *v_token_bytes = v_block_bytes_ / static_cast<size_t>(layout_.block_size);
+  return Status::ok();
+}
+
+// Rows of consecutive tokens in one block are contiguous in the pool ([block][slot][head]),
+// so each block is one copy per pool.
+Status ModelRunner::read_kv_layer(int32_t layer, std::span<const int32_t> block_table, int32_t num_tokens,
+                                  uint8_t* k_out, uint8_t* v_out) const {
+  size_t kt = 0, vt = 0;
+  if (Status st = check_kv_transfer(layer, block_table, num_tokens, &kt, &vt); !st.is_ok()) return st;
+  const auto* k = static_cast<const uint8_t*>(k_pools_[layer]);
+  const auto* v = static_cast<const uint8_t*>(v_pools_[layer]);
+  for (int32_t t = 0; t < num_tokens; t += layout_.block_size) {
+    const size_t n = static_cast<size_t>(std::min(layout_.block_size, num_tokens - t));
+    const size_t block = static_cast<size_t>(block_table[t / layout_.block_size]);
+    backend_.copy_to_host(k_out + t * kt, k + block * k_block_bytes_, n * kt);
+    backend_.copy_to_host(v_out + t * vt, v + block * v_block_bytes_, n * vt);
+  }
+  return Status::ok();
+}
+
+Status ModelRunner::write_kv_layer(int32_t layer, std::span<const int32_t> block_table, int32_t num_tokens,
+                                   const uint8_t* k_in, const uint8_t* v_in) {
+  size_t kt = 0, vt = 0;
+  if (Status st = check_kv_transfer(layer, block_table, num_tokens, &kt, &vt); !st.is_ok()) return st;
+  auto* k = static_cast<uint8_t*>(k_pools_[layer]);
+  auto* v = static_cast<uint8_t*>(v_pools_[layer]);
+  for (int32_t t = 0; t < num_tokens; t += layout_.block_size) {
+    const size_t n = static_cast<size_t>(std::min(layout_.block_size, num_tokens - t));
+    const size_t block = static_cast<size_t>(block_table[t / layout_.block_size]);
+    backend_.copy_to_device(k + block * k_block_bytes_, k_in + t * kt, n * kt);
+    backend_.copy_to_device(v + block * v_block_bytes_, v_in + t * vt, n * vt);
+  }
+  return Status::ok();
+}
+
+}  // namespace tessera

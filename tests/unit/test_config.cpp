@@ -442,7 +442,8 @@ server: {host: localhost, prot: 80}
   INFO(dump(issues));
   const std::string f = file.string();
   CHECK(has_issue(issues, f + ":2:1: unknown key 'engin'; did you mean 'engine'? expected one "
-                              "of: extends, plugin_paths, model, engine, deployments, gateway, embedding, server"));
+                              "of: extends, plugin_paths, model, engine, deployments, gateway, embedding, server, "
+                              "disaggregation"));
   CHECK(has_issue(issues, f + ":1:18: model: unknown key 'thread'; did you mean 'threads'? "
                               "expected one of: path, name, threads, context_length"));
   CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
@@ -870,7 +871,7 @@ TEST_CASE("deployments: mistakes name the deployment's key path") {
   INFO(dump(issues));
   CHECK(has_issue(issues, bad.string() + ":2:85: deployments.a.engine.scheduler.max_batch_tokens: expected an "
                                          "integer >= 1, got 0"));
-  CHECK(has_issue(issues, bad.string() + ":3:7: deployments.b: unknown key 'modle'; did you mean 'model'? expected one of: model, engine"));
+  CHECK(has_issue(issues, bad.string() + ":3:7: deployments.b: unknown key 'modle'; did you mean 'model'? expected one of: model, engine, disaggregation"));
   auto clash = write_file(dir / "clash.yaml", R"(deployments: {auto: {model: {path: a.gguf}}}
 gateway: {router: {plugin: classifier, name: auto, routes: {x: auto}}}
 )");
@@ -964,4 +965,51 @@ TEST_CASE("capabilities: a slot's needs and engine.requires are checked before a
   check_single(load_errors(file, *registry),
                file.string() + ":3:13: engine.requires: expected a list of <kind>.<capability>, e.g. "
                                "[quantizer.grouped_matmul], got a mapping");
+}
+
+TEST_CASE("disaggregation: roles, addresses and the connector slot are validated together") {
+  auto dir = test::scratch_dir("config-disagg");
+  auto registry = make_registry();
+  registry->scan_directory(test::plugin_dir());  // the real kv_connector.grpc
+  REQUIRE_MESSAGE(registry->find(PluginKind::kKvConnector, "grpc"),
+                  "kv_connector.grpc is not built (scripts/install-deps.sh installs gRPC)");
+  auto contains = [](const std::vector<ConfigIssue>& issues, const std::string& text) {
+    for (const auto& i : issues)
+      if (i.to_string().find(text) != std::string::npos) return true;
+    return false;
+  };
+  auto file = write_file(dir / "decode.yaml",
+                         "model: {path: m.gguf}\n"
+                         "disaggregation: {role: decode, connector: {plugin: grpc}, prefill: [127.0.0.1:50061, "
+                         "h:2], transfer_timeout: 5s}\n");
+  StackConfig config = load_stack_config(file.string(), *registry);
+  const DisaggregationConfig& d = config.deployments.at(0).disaggregation;
+  CHECK(d.role == "decode");
+  REQUIRE(d.connector.has_value());
+  CHECK(d.connector->plugin == "grpc");
+  CHECK(d.prefill == std::vector<std::string>{"127.0.0.1:50061", "h:2"});
+  CHECK(d.transfer_timeout == doctest::Approx(5.0));
+
+  file = write_file(dir / "bad.yaml",
+                    "model: {path: m.gguf}\n"
+                    "disaggregation: {role: decode, prefill: [localhost, \"h:99999\"], listen: 1.2.3.4:5}\n");
+  auto issues = load_errors(file, *registry);
+  INFO(dump(issues));
+  CHECK(contains(issues, "disaggregation: role 'decode' needs a connector"));
+  CHECK(contains(issues, "disaggregation.prefill: expected HOST:PORT (port 0..65535), got \"localhost\""));
+  CHECK(contains(issues, "got \"h:99999\""));
+  CHECK(contains(issues, "disaggregation.listen: only a prefill engine listens"));
+
+  file = write_file(dir / "prefill.yaml",
+                    "model: {path: m.gguf}\n"
+                    "disaggregation: {role: prefill, connector: {plugin: grpc, bogus: 1}}\n");
+  issues = load_errors(file, *registry);
+  INFO(dump(issues));
+  CHECK(contains(issues, "role 'prefill' needs 'listen'"));
+  CHECK(contains(issues, "disaggregation.connector: unknown key 'bogus'"));
+
+  file = write_file(dir / "both.yaml",
+                    "model: {path: m.gguf}\ndisaggregation: {role: both, listen: 127.0.0.1:1}\n");
+  issues = load_errors(file, *registry);
+  CHECK(contains(issues, "role 'both' (the default) serves prefill and decode here"));
 }

@@ -83,7 +83,10 @@ http::status status_for(const Status& st) {
   switch (st.code()) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kOutOfRange: return http::status::bad_request;
-    case StatusCode::kResourceExhausted: return http::status::service_unavailable;
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kUnavailable: return http::status::service_unavailable;
+    case StatusCode::kDeadlineExceeded: return http::status::gateway_timeout;
+    case StatusCode::kFailedPrecondition: return http::status::bad_gateway;
     default: return http::status::internal_server_error;
   }
 }
@@ -867,6 +870,7 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
     ServerMetrics::render_deployment_engines(engines, &res.body());
     gateway_.render_cache_metrics(&res.body());
     gateway_.render_router_metrics(&res.body());
+    gateway_.render_disaggregation_metrics(&res.body());
     return reply(channel, endpoint, std::move(res));
   }
   if (stats_ && (path == "/v1/stats" || path == "/dashboard")) {

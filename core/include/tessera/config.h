@@ -71,12 +71,25 @@ struct ServerConfig {
   RequestDefaults defaults;              // server.defaults
 };
 
+// `disaggregation:` — prefill/decode disaggregation (docs/disaggregation.md). A `prefill`
+// engine serves remote prefills over its kv_connector at `listen`; a `decode` deployment
+// prefills each request at one of `prefill` (tried in order, then on itself) and receives
+// the prompt's KV before decoding; `both` (the default) is an ordinary colocated engine.
+struct DisaggregationConfig {
+  std::string role = "both";           // both | prefill | decode
+  std::optional<PluginSlot> connector; // required for prefill and decode
+  std::string listen;                  // prefill: host:port (port 0: any free one)
+  std::vector<std::string> prefill;    // decode: the prefill engines' host:port
+  double transfer_timeout = 30;        // decode: a remote prefill and its transfer, at most
+};
+
 // One deployment: a model and its engine plugins, served under `name` (the `model` field
 // clients send).
 struct DeploymentConfig {
   std::string name;
   ModelConfig model;                                // model.name == name
   std::map<PluginKind, PluginSlot> engine;          // every engine kind present, defaults filled
+  DisaggregationConfig disaggregation;
 };
 
 // `embedding:` — the sentence-embedding model the gateway runs itself (POST /v1/embeddings,

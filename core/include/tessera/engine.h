@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/kv_transfer.h"
 #include "tessera/model.h"
 #include "tessera/model_runner.h"
 #include "tessera/sdk.h"
@@ -103,6 +104,13 @@ struct GenerationRequest {
   // its logits are masked to the tokens the constraint allows, and it ends ("stop") when the
   // constraint says the output is complete.
   std::shared_ptr<const CompiledConstraint> constraint;
+  // Disaggregation (tessera/kv_transfer.h); both null on a colocated engine.
+  // kv_export (prefill engine): compute the prompt, sample the first token, then hold the
+  // blocks for the transfer instead of generating on (max_tokens is ignored: one token).
+  std::shared_ptr<KvExport> kv_export;
+  // kv_import (decode engine): the prompt was computed elsewhere; its first token (from
+  // kv_import->prefilled()) is emitted at once, and decoding starts when the rows landed.
+  std::shared_ptr<KvImport> kv_import;
 };
 
 
@@ -139,6 +147,14 @@ struct EngineStats {
   uint64_t num_masked_rows = 0;
   double constraint_seconds = 0;
   uint64_t num_constraint_draft_cuts = 0;
+  // Disaggregation: prefills held for a transfer (now), finished imports, imports that fell
+  // back to computing the prompt here (a failed transfer, or no free blocks), KV bytes
+  // written by imports, and sequences waiting for their KV (now).
+  int32_t num_held_exports = 0;
+  uint64_t num_kv_imports = 0;
+  uint64_t num_kv_import_fallbacks = 0;
+  uint64_t kv_import_bytes = 0;
+  int32_t num_waiting_for_kv = 0;
   KvStats kv;
 };
 
@@ -173,6 +189,8 @@ class Engine {
   void stop();
 
   EngineStats stats() const;
+  // Model and KV layout as text: two engines exchange KV only when theirs are equal.
+  std::string kv_fingerprint() const;
   const Model& model() const { return *components_.model; }
   int32_t max_context() const { return max_context_; }
   double now() const;
@@ -198,6 +216,13 @@ class Engine {
   void adapt_draft_lengths();  // adaptive_drafts: cut or drop each candidate's drafts
   void release_finished();
   void publish_stats();
+  // Disaggregation.
+  void admit_imported(Sequence& seq);     // emits the first token, allocates, waits for KV
+  void kv_landed(SeqId id, const Status& status);  // from the inbox
+  // A finished kv_export sequence: true when it keeps its blocks for the transfer.
+  bool hold_for_export(Sequence& seq);
+  void release_export(SeqId id);          // from the inbox: the transfer is over
+  void detach_transfers();                // engine shutdown
 
   // Ends the step's requests with `error`: the batch's when a batch was built, else every
   // live sequence (the scheduler failed, so none of them can progress).
@@ -255,6 +280,11 @@ class Engine {
   std::vector<Sequence*> draft_sequences_;
   std::vector<uint32_t> mask_words_;  // one bit per token, for mask_row
   bool batch_has_drafts_ = false;
+  // Disaggregation, engine thread: sequences whose KV is in flight (not in the scheduler),
+  // and finished prefills whose blocks are held for a transfer.
+  std::map<SeqId, std::shared_ptr<KvImport>> awaiting_kv_;
+  std::map<SeqId, std::shared_ptr<KvExport>> held_exports_;
+  size_t kv_token_bytes_k_ = 0, kv_token_bytes_v_ = 0;  // one token's K (V) rows, all KV heads
   StepTimeModel step_times_;  // forward + sampling seconds against tokens fed
   DraftCostModel draft_cost_;  // the drafter's propose() seconds per draft token
   AcceptanceEstimate acceptance_;  // of every sequence's drafts: the prior of each sequence's
@@ -265,6 +295,8 @@ class Engine {
   std::condition_variable inbox_ready_;
   std::vector<std::shared_ptr<Request>> inbox_requests_;
   std::vector<uint64_t> inbox_cancels_;
+  std::vector<std::pair<SeqId, Status>> inbox_kv_landed_;
+  std::vector<SeqId> inbox_export_releases_;
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<bool> running_{false};
   std::thread loop_;

@@ -40,6 +40,11 @@ class ModelRunner final : public ForwardRunner {
   int32_t vocab_size() const override { return model_.hparams().vocab_size; }
   size_t kv_pool_bytes() const override { return kv_pool_bytes_; }
   const KvLayout& kv_layout() const { return layout_; }
+  // Layer indices are the model's (all layers: a layer-subset runner refuses).
+  Status read_kv_layer(int32_t layer, std::span<const int32_t> block_table, int32_t num_tokens,
+                       uint8_t* k_out, uint8_t* v_out) const override;
+  Status write_kv_layer(int32_t layer, std::span<const int32_t> block_table, int32_t num_tokens,
+                        const uint8_t* k_in, const uint8_t* v_in) override;
 
  private:
   void ensure_capacity(int32_t num_rows, int32_t num_logit_rows);
@@ -50,6 +55,9 @@ class ModelRunner final : public ForwardRunner {
   // h = rms_norm(h, weight) over num_rows rows when the layer has the norm (Gemma's
   // post-attention and post-FFN norms), before h is added to the residual.
   void post_norm(const std::vector<float>& weight, int32_t num_rows);
+  // Checks a read/write_kv_layer call; sets the bytes of one token's K and V rows.
+  Status check_kv_transfer(int32_t layer, std::span<const int32_t> block_table, int32_t num_tokens,
+                           size_t* k_token_bytes, size_t* v_token_bytes) const;
 
   const Model& model_;
   Backend& backend_;

@@ -61,8 +61,90 @@ std::unique_ptr<Gateway> Gateway::build(const StackConfig& config, PluginRegistr
                                "): needs an embedding model; add `embedding: {model: {path: all-MiniLM-L6-v2}}` "
                                "(scripts/fetch-models.sh fetches it)");
   }
-  g->wrap_deployments(names);
+  std::vector<std::shared_ptr<Deployment>> bases(names.size());
+  for (size_t i = 0; i < config.deployments.size(); ++i) {
+    const DisaggregationConfig& dis = config.deployments[i].disaggregation;
+    if (dis.role == "both" || !dis.connector) continue;
+    const std::string where = "deployments." + names[i] + ".disaggregation";
+    PluginContext context{&host_logger(), dis.connector->file};
+    std::shared_ptr<KvConnector> connector =
+        registry.create<KvConnector>(dis.connector->plugin, dis.connector->config, context);
+    g->connectors_.push_back(connector);
+    if (dis.role == "prefill") {
+      g->prefill_hosts_.push_back(std::make_unique<EnginePrefillHost>(*g->engines_[i]));
+      std::string bound;
+      if (Status st = connector->serve(dis.listen, g->prefill_hosts_.back().get(), &bound); !st.is_ok())
+        throw std::runtime_error(where + ".listen: " + st.message());
+      g->prefill_endpoints_.push_back(names[i] + " " + bound);
+    } else {
+      auto d = std::make_shared<DisaggregatedDeployment>(names[i], *g->engines_[i], connector, dis.prefill,
+                                                         dis.transfer_timeout);
+      std::vector<std::string> warnings;
+      if (Status st = d->check_prefill_engines(&warnings); !st.is_ok()) throw std::runtime_error(where + ": " + st.message());
+      for (const std::string& w : warnings)
+        host_logger().log(LogLevel::kWarn, where + ": " + w + " (requests fall back to the next prefill engine, "
+                                                      "then to this engine, until it answers)");
+      g->decode_deployments_.push_back(d);
+      bases[i] = d;
+    }
+  }
+  g->wrap_deployments(names, std::move(bases));
   return g;
+}
+
+DisaggregatedDeployment* Gateway::disaggregated(const std::string& name) {
+  for (auto& d : decode_deployments_)
+    if (d->name() == name) return d.get();
+  return nullptr;
+}
+
+void Gateway::render_disaggregation_metrics(std::string* out) const {
+  if (decode_deployments_.empty() && prefill_hosts_.empty()) return;
+  auto line = [out](const char* name, const char* type, const char* help) {
+    *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto sample = [out](const char* name, const std::string& deployment, double value) {
+    char v[40];
+    std::snprintf(v, sizeof v, "%.9g", value);
+    *out += std::string(name) + "{deployment=\"" + escape_label(deployment) + "\"} " + v + "\n";
+  };
+  struct Family {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*get)(const DisaggregationStats&);
+  };
+  static const Family kFamilies[] = {
+      {"tessera_disagg_remote_prefills_total", "counter", "requests prefilled by a prefill engine",
+       [](const DisaggregationStats& s) { return double(s.remote_prefills); }},
+      {"tessera_disagg_prefill_failovers_total", "counter", "prefill engines that failed before the first token",
+       [](const DisaggregationStats& s) { return double(s.prefill_failovers); }},
+      {"tessera_disagg_local_prefills_total", "counter", "requests computed on the decode engine: no prefill engine answered",
+       [](const DisaggregationStats& s) { return double(s.local_prefills); }},
+      {"tessera_disagg_transfer_failures_total", "counter", "KV transfers that failed after the first token (prompt recomputed)",
+       [](const DisaggregationStats& s) { return double(s.transfer_failures); }},
+      {"tessera_disagg_kv_bytes_total", "counter", "KV payload bytes received from prefill engines",
+       [](const DisaggregationStats& s) { return double(s.kv_bytes); }},
+      {"tessera_disagg_prefill_seconds_total", "counter", "remote call start to first token, summed",
+       [](const DisaggregationStats& s) { return s.prefill_seconds; }},
+      {"tessera_disagg_transfer_seconds_total", "counter", "first token to last KV layer landed, summed",
+       [](const DisaggregationStats& s) { return s.transfer_seconds; }},
+  };
+  if (!decode_deployments_.empty()) {
+    for (const Family& f : kFamilies) {
+      line(f.name, f.type, f.help);
+      for (const auto& d : decode_deployments_) sample(f.name, d->name(), f.get(d->stats()));
+    }
+  }
+  line("tessera_kv_transfer_held_exports", "gauge", "finished prefills whose blocks are held for a transfer");
+  for (size_t i = 0; i < engines_.size(); ++i) sample("tessera_kv_transfer_held_exports", deployments_[i]->name(),
+                                                      engines_[i]->stats().num_held_exports);
+  line("tessera_kv_transfer_waiting_sequences", "gauge", "sequences waiting for their KV to land");
+  for (size_t i = 0; i < engines_.size(); ++i) sample("tessera_kv_transfer_waiting_sequences", deployments_[i]->name(),
+                                                      engines_[i]->stats().num_waiting_for_kv);
+  line("tessera_kv_transfer_import_fallbacks_total", "counter", "imports whose prompt the decode engine computed itself");
+  for (size_t i = 0; i < engines_.size(); ++i) sample("tessera_kv_transfer_import_fallbacks_total", deployments_[i]->name(),
+                                                      double(engines_[i]->stats().num_kv_import_fallbacks));
 }
 
 Gateway::Gateway(std::vector<std::string> names, std::vector<std::unique_ptr<Engine>> engines,
@@ -72,7 +154,8 @@ Gateway::Gateway(std::vector<std::string> names, std::vector<std::unique_ptr<Eng
   wrap_deployments(names);
 }
 
-void Gateway::wrap_deployments(const std::vector<std::string>& names) {
+void Gateway::wrap_deployments(const std::vector<std::string>& names,
+                               std::vector<std::shared_ptr<Deployment>> bases) {
   if (!cache_layers_.empty()) workers_ = std::make_unique<CacheWorkers>(2);
   CachedDeployment::Embedder embed;
   if (embedding_) {
@@ -80,7 +163,8 @@ void Gateway::wrap_deployments(const std::vector<std::string>& names) {
     embed = [model](const std::string& text) { return std::move(model->embed({model->encode(text)})[0]); };
   }
   for (size_t i = 0; i < engines_.size(); ++i) {
-    std::shared_ptr<Deployment> d = std::make_shared<EngineDeployment>(names[i], *engines_[i]);
+    std::shared_ptr<Deployment> d = i < bases.size() && bases[i] ? bases[i]
+                                                                 : std::make_shared<EngineDeployment>(names[i], *engines_[i]);
     if (!cache_layers_.empty()) d = std::make_shared<CachedDeployment>(d, cache_layers_, *workers_,
                                                                        CachedDeployment::Decoder{}, embed);
     deployments_.push_back(std::move(d));
@@ -88,6 +172,9 @@ void Gateway::wrap_deployments(const std::vector<std::string>& names) {
 }
 
 Gateway::~Gateway() {
+  // Remote prefills first: their handlers wait on engines that are about to stop.
+  for (auto& c : connectors_) c->shutdown();
+  for (auto& d : decode_deployments_) d->shutdown();
   stop();
   // Queued lookups and stores finish before the deployments and layers they use go away.
   workers_.reset();

@@ -11,6 +11,7 @@
 #include "tessera/sdk/executor.h"
 #include "tessera/sdk/forward.h"
 #include "tessera/sdk/kv_cache.h"
+#include "tessera/sdk/kv_connector.h"
 #include "tessera/sdk/logger.h"
 #include "tessera/sdk/model_host.h"
 #include "tessera/sdk/params.h"

@@ -12,6 +12,7 @@
 #include "tessera/engine.h"
 #include "tessera/gateway/cached_deployment.h"
 #include "tessera/gateway/deployment.h"
+#include "tessera/gateway/disaggregated.h"
 #include "tessera/model.h"
 #include "tessera/plugin_registry.h"
 #include "tessera/sdk/router.h"
@@ -64,15 +65,30 @@ class Gateway {
 
   // Appends the cache layers' own metrics (Prometheus text), labelled layer="NAME".
   void render_cache_metrics(std::string* out) const;
+  // Appends tessera_disagg_* (decode deployments) and tessera_kv_transfer_* (every engine)
+  // metrics, labelled deployment="NAME"; nothing when no deployment is disaggregated.
+  void render_disaggregation_metrics(std::string* out) const;
+  // Prefill-role deployments: "NAME HOST:PORT" for each kv_connector listening.
+  const std::vector<std::string>& prefill_endpoints() const { return prefill_endpoints_; }
+  // The decode deployment named so, or nullptr.
+  DisaggregatedDeployment* disaggregated(const std::string& name);
 
   void start();  // every engine's step loop
   void stop();
 
  private:
   Gateway() = default;
-  void wrap_deployments(const std::vector<std::string>& names);
+  // `bases[i]` (optional, else an EngineDeployment of engine i) behind the cache layers.
+  void wrap_deployments(const std::vector<std::string>& names,
+                        std::vector<std::shared_ptr<Deployment>> bases = {});
 
   std::vector<std::unique_ptr<Engine>> engines_;
+  // Disaggregation: prefill hosts served by their connectors (shut down before the engines
+  // go), and the decode deployments by name.
+  std::vector<std::unique_ptr<EnginePrefillHost>> prefill_hosts_;
+  std::vector<std::shared_ptr<KvConnector>> connectors_;
+  std::vector<std::string> prefill_endpoints_;
+  std::vector<std::shared_ptr<DisaggregatedDeployment>> decode_deployments_;
   std::vector<NamedCacheLayer> cache_layers_;
   std::vector<std::shared_ptr<Deployment>> deployments_;
   std::shared_ptr<Router> router_;

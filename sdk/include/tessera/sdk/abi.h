@@ -22,6 +22,11 @@
 // a subset of its layers: drafter.layer-skip), a virtual with a default appended; and
 // tessera/sdk/host_model_drafter.h, the header-only drafting loop over a HostModel that
 // drafter.draft-model and drafter.layer-skip share.
+// 2.9 the kv_connector kind (tessera/sdk/kv_connector.h: KvConnector, KvPrefillHost,
+// KvExportHandle, KvImportSink; PluginKind::kKvConnector appended), ForwardRunner::
+// read_kv_layer / write_kv_layer (virtuals with defaults, appended), and four StatusCode
+// values appended (kUnavailable, kDeadlineExceeded, kDataLoss, kFailedPrecondition):
+// prefill/decode disaggregation.
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -35,7 +40,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 8
+#define TESSERA_SDK_ABI_MINOR 9
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

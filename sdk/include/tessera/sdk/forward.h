@@ -75,6 +75,22 @@ class ForwardRunner {
   virtual void copy_blocks(std::span<const BlockCopy> copies) = 0;
   virtual int32_t vocab_size() const = 0;
   virtual size_t kv_pool_bytes() const = 0;
+  // Disaggregation (SDK 2.9, tessera/sdk/kv_connector.h): layer `layer`'s K and V rows of
+  // tokens [0, num_tokens) gathered through `block_table` into token-major payloads of
+  // num_tokens * kv_token_bytes(), or scattered back from them. Called from a transfer
+  // thread while forward() runs on the engine thread, for blocks no forward touches (held by
+  // a finished prefill, or allocated to a sequence waiting for its KV). The default:
+  // kUnimplemented (the engine then refuses a prefill or decode role at startup).
+  virtual Status read_kv_layer(int32_t layer, std::span<const int32_t> block_table, int32_t num_tokens,
+                               uint8_t* k_out, uint8_t* v_out) const {
+    (void)layer, (void)block_table, (void)num_tokens, (void)k_out, (void)v_out;
+    return Status(StatusCode::kUnimplemented, "this forward runner cannot export KV rows");
+  }
+  virtual Status write_kv_layer(int32_t layer, std::span<const int32_t> block_table, int32_t num_tokens,
+                                const uint8_t* k_in, const uint8_t* v_in) {
+    (void)layer, (void)block_table, (void)num_tokens, (void)k_in, (void)v_in;
+    return Status(StatusCode::kUnimplemented, "this forward runner cannot import KV rows");
+  }
 };
 
 // Optional capability of a Backend (discover with dynamic_cast<ForwardRunnerProvider*>).

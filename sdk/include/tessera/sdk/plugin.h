@@ -22,9 +22,9 @@ namespace tessera {
 
 enum class PluginKind : uint32_t {
   kScheduler = 0, kKvCache, kAttention, kQuantizer, kSampler, kCacheLayer, kRouter, kDrafter,
-  kBackend, kConstraint,
+  kBackend, kConstraint, kKvConnector,
 };
-inline constexpr int kNumPluginKinds = 10;
+inline constexpr int kNumPluginKinds = 11;
 
 // The YAML key of each kind ("kv_cache", "cache_layer", ...).
 inline const char* plugin_kind_name(PluginKind kind) {
@@ -39,6 +39,7 @@ inline const char* plugin_kind_name(PluginKind kind) {
     case PluginKind::kDrafter: return "drafter";
     case PluginKind::kBackend: return "backend";
     case PluginKind::kConstraint: return "constraint";
+    case PluginKind::kKvConnector: return "kv_connector";
   }
   return "unknown";
 }

@@ -16,6 +16,11 @@ enum class StatusCode {
   kUnimplemented,
   kCancelled,
   kInternal,
+  // Appended in SDK 2.9 (kv_connector): transport outcomes.
+  kUnavailable,         // a peer process cannot be reached or went away
+  kDeadlineExceeded,
+  kDataLoss,            // a payload failed its checksum or has the wrong size
+  kFailedPrecondition,  // e.g. two engines' model/KV layout fingerprints differ
 };
 
 class Status {
@@ -39,6 +44,10 @@ inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std
 inline Status resource_exhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 inline Status unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status deadline_exceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status data_loss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
+inline Status failed_precondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
 
 inline const char* status_code_name(StatusCode code) {
   switch (code) {
@@ -50,6 +59,10 @@ inline const char* status_code_name(StatusCode code) {
     case StatusCode::kUnimplemented: return "unimplemented";
     case StatusCode::kCancelled: return "cancelled";
     case StatusCode::kInternal: return "internal";
+    case StatusCode::kUnavailable: return "unavailable";
+    case StatusCode::kDeadlineExceeded: return "deadline_exceeded";
+    case StatusCode::kDataLoss: return "data_loss";
+    case StatusCode::kFailedPrecondition: return "failed_precondition";
   }
   return "unknown";
 }
