@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "cuda_runner.h"
-#include "kernels.h"
+#include "tessera/sdk/kernels/cuda.h"
 
 namespace tc = tessera::cuda;
 

@@ -28,7 +28,7 @@ std::string format_params(const PluginRegistry& registry, PluginKind kind, const
   const PluginManifest& m = *info->manifest;
   std::string out;
   for (size_t i = 0; i < m.num_params; ++i) {
-    const ParamSpec& spec = m.params[i];
+    const ParamSpec spec = manifest_param(m, i);
     auto it = slot.config.values().find(spec.name);
     if (it == slot.config.values().end()) continue;
     if (!out.empty()) out += " ";

@@ -78,7 +78,7 @@ nlohmann::json plugin_json(const PluginInfo& info) {
   const PluginManifest& m = *info.manifest;
   nlohmann::json params = nlohmann::json::array();
   for (size_t i = 0; i < m.num_params; ++i) {
-    const ParamSpec& p = m.params[i];
+    const ParamSpec p = manifest_param(m, i);
     nlohmann::json param = {{"name", p.name},
                             {"type", type_short_name(p.type)},
                             {"description", p.description ? p.description : ""},
@@ -135,7 +135,7 @@ void print_plugin(const PluginInfo& info) {
   // One aligned row per parameter: name, type, default, range/choices, description.
   std::vector<std::vector<std::string>> rows;
   for (size_t i = 0; i < m.num_params; ++i) {
-    const ParamSpec& p = m.params[i];
+    const ParamSpec p = manifest_param(m, i);
     rows.push_back({p.name, type_short_name(p.type), default_text(p), constraint_text(p),
                     p.description ? p.description : ""});
   }

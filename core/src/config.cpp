@@ -703,13 +703,13 @@ std::map<std::string, ParamValue> validate_params(const PluginManifest& manifest
   std::map<std::string, ParamValue> values;
   std::vector<std::string> allowed;
   if (is_slot) allowed.push_back("plugin");
-  for (size_t i = 0; i < manifest.num_params; ++i) allowed.push_back(manifest.params[i].name);
+  for (size_t i = 0; i < manifest.num_params; ++i) allowed.push_back(manifest_param(manifest, i).name);
 
   for (const auto& entry : slot.entries) {
     if (is_slot && entry.key == "plugin") continue;
     bool known = false;
     for (size_t i = 0; i < manifest.num_params; ++i)
-      if (entry.key == manifest.params[i].name) known = true;
+      if (entry.key == manifest_param(manifest, i).name) known = true;
     if (known) continue;
     std::string message = unknown_key_message(entry.key, allowed);
     if (manifest.num_params == 0)
@@ -719,7 +719,7 @@ std::map<std::string, ParamValue> validate_params(const PluginManifest& manifest
   }
 
   for (size_t i = 0; i < manifest.num_params; ++i) {
-    const ParamSpec& spec = manifest.params[i];
+    const ParamSpec spec = manifest_param(manifest, i);
     const std::string param_path = key_path.empty() ? spec.name : key_path + "." + spec.name;
     if (const TreeEntry* entry = slot.find(spec.name)) {
       std::string error;

@@ -117,7 +117,7 @@ Status CpuBackend::create(const PluginConfig& config, const PluginContext&,
 
 const PluginManifest* cpu_backend_manifest() {
   static const PluginManifest manifest = {
-      {kPluginMagic, TESSERA_SDK_ABI_MAJOR, TESSERA_SDK_ABI_MINOR, 0, TESSERA_SDK_TOOLCHAIN},
+      TESSERA_PLUGIN_MANIFEST_HEADER,
       PluginKind::kBackend,
       "cpu",
       "0.1.0",
@@ -128,7 +128,8 @@ const PluginManifest* cpu_backend_manifest() {
       &detail::create_plugin<CpuBackend, Backend>,
       &detail::destroy_plugin<Backend>,
       "",   // capabilities: the core's ModelRunner drives it (no ForwardRunnerProvider)
-      ""};  // needs
+      "",   // needs
+      static_cast<uint32_t>(sizeof(ParamSpec))};
   return &manifest;
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -52,6 +53,12 @@ const char* article_for(const char* word) {
   return std::strchr("aeiou", word[0]) ? "an" : "a";
 }
 
+// capabilities and needs exist only in manifests of SDK 2.6 and later; reading them from an
+// older library would read past its manifest.
+bool manifest_has_capabilities(const PluginManifest& m) {
+  return manifest_has_field(m, offsetof(PluginManifest, needs), sizeof(m.needs));
+}
+
 // Checks the parts of a manifest beyond the header that the host relies on. Returns an empty
 // string when usable.
 std::string check_manifest_body(const PluginManifest& m) {
@@ -61,9 +68,23 @@ std::string check_manifest_body(const PluginManifest& m) {
   if (!m.version) return "manifest has no version";
   if (!m.create || !m.destroy) return "manifest has no create/destroy functions";
   if (m.num_params > 0 && !m.params) return "manifest declares parameters but has no table";
+  const bool sized = m.header.abi_major > 2 || (m.header.abi_major == 2 && m.header.abi_minor >= 10);
+  if (sized) {
+    // From 2.10 the manifest says how big it and its ParamSpec entries are (the registration
+    // macro writes both); the host reads appended fields and the table by those sizes.
+    if (m.header.manifest_size < offsetof(PluginManifest, param_spec_size) + sizeof(m.param_spec_size))
+      return "manifest_size " + std::to_string(m.header.manifest_size) + " is smaller than a " +
+             std::to_string(m.header.abi_major) + "." + std::to_string(m.header.abi_minor) +
+             " manifest (expected sizeof(PluginManifest), as TESSERA_REGISTER_PLUGIN writes)";
+    if (m.num_params > 0 && (m.param_spec_size < offsetof(ParamSpec, min_value) ||
+                             m.param_spec_size > sizeof(ParamSpec)))
+      return "param_spec_size " + std::to_string(m.param_spec_size) + " is not in [" +
+             std::to_string(offsetof(ParamSpec, min_value)) + ", " + std::to_string(sizeof(ParamSpec)) +
+             "] (expected sizeof(ParamSpec), as TESSERA_REGISTER_PLUGIN writes)";
+  }
   std::set<std::string> seen;
   for (size_t i = 0; i < m.num_params; ++i) {
-    const ParamSpec& p = m.params[i];
+    const ParamSpec p = manifest_param(m, i);
     if (!p.name || !*p.name) return "parameter #" + std::to_string(i) + " has no name";
     if (std::strcmp(p.name, "plugin") == 0)
       return "parameter name 'plugin' is reserved for the slot's plugin name";
@@ -73,7 +94,7 @@ std::string check_manifest_body(const PluginManifest& m) {
     if (p.type == ParamType::kEnum && (!p.choices || !*p.choices))
       return std::string("enum parameter '") + p.name + "' declares no choices";
   }
-  if (m.header.abi_major == 2 && m.header.abi_minor >= 6) {
+  if (manifest_has_capabilities(m)) {
     // A capability is a lowercase identifier; a need names an engine kind and one.
     auto is_identifier = [](std::string_view s) {
       return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
@@ -155,11 +176,6 @@ std::vector<std::string> split_capability_list(const char* list) {
   return out;
 }
 
-// The two fields exist only in manifests of SDK 2.6 and later; reading them from an older
-// library would read past its manifest.
-static bool manifest_has_capabilities(const PluginManifest& m) {
-  return m.header.abi_major > 2 || (m.header.abi_major == 2 && m.header.abi_minor >= 6);
-}
 
 std::vector<std::string> PluginInfo::capabilities() const {
   return manifest_has_capabilities(*manifest) ? split_capability_list(manifest->capabilities)

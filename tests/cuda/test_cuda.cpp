@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "cuda_runner.h"
-#include "kernels.h"
+#include "tessera/sdk/kernels/cuda.h"
 #include "support/greedy_runs.h"
 #include "support/plugins.h"
 #include "support/test_env.h"

@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels.h"
+#include "tessera/sdk/kernels/cuda.h"
 #include "support/plugins.h"
 #include "tessera/ggml_types.h"
 #include "tessera/sdk/forward.h"

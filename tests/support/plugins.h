@@ -74,6 +74,14 @@ inline bool declares(PluginKind kind, const std::string& name, const char* capab
   return info && info->has_capability(capability);
 }
 
+// Whether plugin kind.name declares a parameter called `param` in its schema.
+inline bool has_param(PluginKind kind, const std::string& name, const std::string& param) {
+  const PluginInfo* info = plugin_registry().find(kind, name);
+  for (size_t i = 0; info && i < info->manifest->num_params; ++i)
+    if (param == manifest_param(*info->manifest, i).name) return true;
+  return false;
+}
+
 inline std::vector<std::string> plugin_names(PluginKind kind) {
   std::vector<std::string> names;
   for (const PluginInfo* info : plugin_registry().list(kind)) names.push_back(info->name());

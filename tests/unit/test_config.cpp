@@ -30,7 +30,7 @@ Status create_stub(const PluginConfig&, const PluginContext&, void**) {
 }
 void destroy_stub(void*) {}
 
-#define STUB_HEADER {kPluginMagic, kSdkAbiMajor, kSdkAbiMinor, 0, kSdkToolchain}
+#define STUB_HEADER TESSERA_PLUGIN_MANIFEST_HEADER
 
 const ParamSpec kSchedulerParams[] = {
     {"max_num_seqs", ParamType::kInt, "8", "sequences per step", 1, 4096},
@@ -60,7 +60,7 @@ const ParamSpec kDrafterParams[] = {
 template <size_t N>
 PluginManifest stub(PluginKind kind, const char* name, const ParamSpec (&params)[N]) {
   return {STUB_HEADER, kind, name, "1.0.0", "stub", PluginStatus::kStable, params, N,
-          &create_stub, &destroy_stub};
+          &create_stub, &destroy_stub, "", "", sizeof(ParamSpec)};
 }
 PluginManifest stub(PluginKind kind, const char* name) {
   return {STUB_HEADER, kind, name, "1.0.0", "stub", PluginStatus::kStable, nullptr, 0,
@@ -132,11 +132,11 @@ void check_single(const std::vector<ConfigIssue>& issues, const std::string& exp
   CHECK(issues[0].to_string() == expected);
 }
 
-const ParamSpec& spec_named(const PluginManifest& m, const std::string& name) {
+ParamSpec spec_named(const PluginManifest& m, const std::string& name) {
   for (size_t i = 0; i < m.num_params; ++i)
-    if (name == m.params[i].name) return m.params[i];
+    if (name == manifest_param(m, i).name) return manifest_param(m, i);
   FAIL("no param " << name);
-  return m.params[0];
+  return ParamSpec{};
 }
 
 }  // namespace

@@ -4,7 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "support/test_env.h"
@@ -55,7 +58,7 @@ Status create_nothing(const PluginConfig&, const PluginContext&, void**) {
 }
 void destroy_nothing(void*) {}
 const PluginManifest kStaticScheduler = {
-    {kPluginMagic, kSdkAbiMajor, kSdkAbiMinor, 0, kSdkToolchain},
+    TESSERA_PLUGIN_MANIFEST_HEADER,
     PluginKind::kScheduler, "static", "1.0.0", "stub", PluginStatus::kStable,
     nullptr, 0, &create_nothing, &destroy_nothing};
 
@@ -264,7 +267,7 @@ TEST_CASE("host_logger forwards to spdlog and never throws") {
 
 TEST_CASE("manifest capabilities (SDK 2.6): listed from 2.6 manifests, ignored before, checked") {
   const PluginManifest with_capabilities = {
-      {kPluginMagic, kSdkAbiMajor, kSdkAbiMinor, 0, kSdkToolchain},
+      TESSERA_PLUGIN_MANIFEST_HEADER,
       PluginKind::kAttention, "device", "1.0.0", "stub", PluginStatus::kStable, nullptr, 0,
       &create_nothing, &destroy_nothing, " device_attention  fast_path ", "backend.forward_runner"};
   PluginRegistry registry;
@@ -280,9 +283,11 @@ TEST_CASE("manifest capabilities (SDK 2.6): listed from 2.6 manifests, ignored b
   REQUIRE(cpu != nullptr);
   CHECK(cpu->capabilities().empty());
 
-  // A 2.5 manifest has no such fields: the registry must not read them.
+  // A 2.5 manifest has no such fields: the registry must not read them (before 2.10 the
+  // header's size field was `reserved`, 0).
   PluginManifest old = with_capabilities;
   old.header.abi_minor = 5;
+  old.header.manifest_size = 0;
   old.name = "old";
   registry.add_builtin(&old);
   CHECK(registry.find(PluginKind::kAttention, "old")->capabilities().empty());
@@ -305,4 +310,87 @@ TEST_CASE("manifest capabilities (SDK 2.6): listed from 2.6 manifests, ignored b
                        PluginError);
   CHECK(split_capability_list(nullptr).empty());
   CHECK(split_capability_list("   ").empty());
+}
+
+// An older ParamSpec: the first five fields of today's, as a library of an SDK whose ParamSpec
+// ended there would lay out its table (manifest_param must read it with that stride).
+struct ShortParamSpec {
+  const char* name;
+  ParamType type;
+  const char* default_value;
+  const char* description;
+  double min_value;
+};
+
+TEST_CASE("manifest sizes (SDK 2.10): appended fields and the parameter table read by the plugin's sizes") {
+  const PluginManifest full = {
+      TESSERA_PLUGIN_MANIFEST_HEADER,
+      PluginKind::kAttention, "sized", "1.0.0", "stub", PluginStatus::kStable, nullptr, 0,
+      &create_nothing, &destroy_nothing, "fast_path", "backend.forward_runner",
+      static_cast<uint32_t>(sizeof(ParamSpec))};
+  CHECK(full.header.manifest_size == sizeof(PluginManifest));
+  CHECK(manifest_size(full) == sizeof(PluginManifest));
+  CHECK(manifest_has_field(full, offsetof(PluginManifest, needs), sizeof(full.needs)));
+
+  // Before 2.10 the size follows from the version: 2.6-2.9 end after `needs`, older before
+  // `capabilities`.
+  PluginManifest v29 = full;
+  v29.header.abi_minor = 9;
+  v29.header.manifest_size = 0;
+  CHECK(manifest_size(v29) == offsetof(PluginManifest, param_spec_size));
+  v29.header.abi_minor = 3;
+  CHECK(manifest_size(v29) == offsetof(PluginManifest, capabilities));
+  CHECK_FALSE(manifest_has_field(v29, offsetof(PluginManifest, capabilities), sizeof(v29.capabilities)));
+
+  // A manifest whose size ends before `needs` (a future minor that appended only
+  // `capabilities`, say): the registry reads neither list.
+  PluginRegistry registry;
+  PluginManifest short_manifest = full;
+  short_manifest.name = "short";
+  short_manifest.header.manifest_size = static_cast<uint32_t>(offsetof(PluginManifest, needs));
+  CHECK_FALSE(manifest_has_field(short_manifest, offsetof(PluginManifest, needs), sizeof(full.needs)));
+
+  // 2.10 manifests must carry their sizes (the abi_minor here is the host's, 10 or later): both are refused with what was expected.
+  const std::string too_small =
+      "manifest_size " + std::to_string(offsetof(PluginManifest, needs)) + " is smaller than a " +
+      std::to_string(kSdkAbiMajor) + "." + std::to_string(kSdkAbiMinor) + " manifest";
+  CHECK_THROWS_WITH_AS(registry.add_builtin(&short_manifest), doctest::Contains(too_small.c_str()),
+                       PluginError);
+  static const ParamSpec kOne[] = {{"tile", ParamType::kInt, "8", "tile", 1, 64}};
+  PluginManifest no_stride = full;
+  no_stride.name = "no-stride";
+  no_stride.params = kOne;
+  no_stride.num_params = 1;
+  no_stride.param_spec_size = 0;
+  const std::string bad_stride = "param_spec_size 0 is not in [" +
+                                 std::to_string(offsetof(ParamSpec, min_value)) + ", " +
+                                 std::to_string(sizeof(ParamSpec)) + "]";
+  CHECK_THROWS_WITH_AS(registry.add_builtin(&no_stride), doctest::Contains(bad_stride.c_str()),
+                       PluginError);
+
+  // A table written with a shorter ParamSpec reads back entry by entry with that stride; the
+  // fields it lacks keep ParamSpec's defaults.
+  static const ShortParamSpec kShort[] = {
+      {"alpha", ParamType::kInt, "1", "first", 0},
+      {"beta", ParamType::kFloat, "0.5", "second", -1},
+  };
+  PluginManifest older = full;
+  older.name = "older-params";
+  older.params = reinterpret_cast<const ParamSpec*>(kShort);
+  older.num_params = 2;
+  older.param_spec_size = sizeof(ShortParamSpec);
+  registry.add_builtin(&older);
+  const ParamSpec beta = manifest_param(older, 1);
+  CHECK(std::string(beta.name) == "beta");
+  CHECK(beta.type == ParamType::kFloat);
+  CHECK(std::string(beta.default_value) == "0.5");
+  CHECK(beta.min_value == -1);
+  CHECK(beta.max_value == INFINITY);
+  CHECK(beta.choices == nullptr);
+  CHECK_FALSE(beta.optional);
+  CHECK(std::string(manifest_param(older, 0).name) == "alpha");
+  // The host validates a slot against that table as it would against its own.
+  const PluginConfig config = validate_plugin_params(older, "engine.attention", "{beta: 0.25}");
+  CHECK(config.get_float("beta") == 0.25);
+  CHECK(config.get_int("alpha") == 1);
 }

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../../backend/cuda/kernels.h"
+#include "tessera/sdk/kernels/cuda.h"
 #include "tessera/sdk.h"
 
 namespace tessera {

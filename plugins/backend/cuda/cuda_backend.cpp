@@ -8,7 +8,7 @@
 #include <string>
 
 #include "cuda_runner.h"
-#include "kernels.h"
+#include "tessera/sdk/kernels/cuda.h"
 #include "tessera/sdk.h"
 
 namespace tessera {

@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "kernels.h"
+#include "tessera/sdk/kernels/cuda.h"
 #include "tessera/sdk/forward.h"
 
 namespace tessera::cuda {

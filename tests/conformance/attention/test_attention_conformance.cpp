@@ -60,10 +60,7 @@ std::vector<std::string> attention_plugins() {
 }
 
 bool has_param(const std::string& plugin, const std::string& param) {
-  const PluginManifest* m = test::plugin_registry().find(PluginKind::kAttention, plugin)->manifest;
-  for (size_t i = 0; i < m->num_params; ++i)
-    if (param == m->params[i].name) return true;
-  return false;
+  return test::has_param(PluginKind::kAttention, plugin, param);
 }
 
 // One random batch: Q rows, K/V pools, sequences with shuffled block tables.

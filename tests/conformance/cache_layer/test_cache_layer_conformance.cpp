@@ -66,13 +66,6 @@ std::optional<CachedResponse> lookup(CacheLayer& layer, const Key& k) {
   return out;
 }
 
-bool has_param(PluginKind kind, const std::string& name, const char* param) {
-  const PluginInfo* info = test::plugin_registry().find(kind, name);
-  for (size_t i = 0; info && i < info->manifest->num_params; ++i)
-    if (std::string(info->manifest->params[i].name) == param) return true;
-  return false;
-}
-
 }  // namespace
 
 TEST_CASE("every cache layer keeps the hit, miss, expiry, byte-bound and thread-safety contracts") {
@@ -119,7 +112,7 @@ TEST_CASE("every cache layer keeps the hit, miss, expiry, byte-bound and thread-
 
     // TTL: with ttl 0.2s an entry is found at first and is gone once that has passed (polled:
     // the machine may be slow, so only "gone within a minute" is asserted).
-    if (has_param(PluginKind::kCacheLayer, name, "ttl")) {
+    if (test::has_param(PluginKind::kCacheLayer, name, "ttl")) {
       auto short_lived = test::create_plugin<CacheLayer>(name, "{ttl: 0.2s}");
       const Key e("expiring prompt", emb);
       const auto stored_at = std::chrono::steady_clock::now();
@@ -139,7 +132,7 @@ TEST_CASE("every cache layer keeps the hit, miss, expiry, byte-bound and thread-
     }
 
     // Byte bound: 40 responses of 1000 bytes into 8 KiB; the newest is kept, the oldest not.
-    if (has_param(PluginKind::kCacheLayer, name, "max_bytes")) {
+    if (test::has_param(PluginKind::kCacheLayer, name, "max_bytes")) {
       auto small = test::create_plugin<CacheLayer>(name, "{max_bytes: 8KiB}");
       std::vector<Key> keys;
       for (int i = 0; i < 40; ++i) {

@@ -28,10 +28,7 @@ namespace {
 using namespace tessera;
 
 bool has_param(const std::string& plugin, const std::string& param) {
-  const PluginManifest* m = test::plugin_registry().find(PluginKind::kScheduler, plugin)->manifest;
-  for (size_t i = 0; i < m->num_params; ++i)
-    if (param == m->params[i].name) return true;
-  return false;
+  return test::has_param(PluginKind::kScheduler, plugin, param);
 }
 
 std::vector<std::string> scheduler_plugins() {

@@ -27,6 +27,11 @@
 // read_kv_layer / write_kv_layer (virtuals with defaults, appended), and four StatusCode
 // values appended (kUnavailable, kDeadlineExceeded, kDataLoss, kFailedPrecondition):
 // prefill/decode disaggregation.
+// 2.10 sizes where structs cross the seam from plugin to host: PluginManifestHeader::
+// manifest_size (the former `reserved`, same layout) and PluginManifest::param_spec_size
+// (appended); the host reads appended manifest fields and the ParamSpec table by those sizes
+// (manifest_has_field, manifest_param). TESSERA_PLUGIN_MANIFEST_HEADER. The layout rules per
+// struct are recorded in sdk/abi.layout and checked by the test unit_test_sdk_layout.
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -40,7 +45,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 9
+#define TESSERA_SDK_ABI_MINOR 10
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

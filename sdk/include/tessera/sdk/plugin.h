@@ -8,9 +8,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "tessera/sdk/abi.h"
 #include "tessera/sdk/capabilities.h"
@@ -63,7 +65,12 @@ struct PluginManifestHeader {
   uint32_t magic;        // kPluginMagic
   uint32_t abi_major;
   uint32_t abi_minor;
-  uint32_t reserved;
+  // SDK 2.10 (the field was `reserved`, always 0, before): sizeof(PluginManifest) in the
+  // plugin's build. The host reads a field appended to the manifest only when it lies inside
+  // this size (manifest_has_field), so the manifest grows at its end in a minor version and an
+  // older library's is never read past its end. 0 in libraries before 2.10, whose size follows
+  // from abi_minor.
+  uint32_t manifest_size;
   const char* toolchain; // TESSERA_SDK_TOOLCHAIN of the plugin's build
 };
 inline constexpr uint32_t kPluginMagic = 0x41525354;  // "TSRA"
@@ -90,7 +97,44 @@ struct PluginManifest {
   // "backend.forward_runner"; a stack whose slot lacks one is refused before the model loads.
   const char* capabilities;
   const char* needs;
+  // SDK 2.10, appended: sizeof(ParamSpec) in the plugin's build, the stride of `params`. The
+  // host reads the table only through manifest_param(), so ParamSpec can grow at its end in a
+  // minor version too.
+  uint32_t param_spec_size;
 };
+
+// The header of a manifest built against this SDK (what TESSERA_REGISTER_PLUGIN writes; for
+// manifests written out by hand, such as the host's built-in plugins and tests).
+#define TESSERA_PLUGIN_MANIFEST_HEADER                                                \
+  {::tessera::kPluginMagic, TESSERA_SDK_ABI_MAJOR, TESSERA_SDK_ABI_MINOR,             \
+   static_cast<uint32_t>(sizeof(::tessera::PluginManifest)), TESSERA_SDK_TOOLCHAIN}
+
+// The bytes of `m` the host may read: the header's manifest_size from 2.10 on; before it, the
+// fields that existed at the library's ABI minor (2.6 appended capabilities and needs).
+inline size_t manifest_size(const PluginManifest& m) {
+  if (m.header.manifest_size != 0) return m.header.manifest_size;
+  if (m.header.abi_major == 2 && m.header.abi_minor >= 6) return offsetof(PluginManifest, param_spec_size);
+  return offsetof(PluginManifest, capabilities);
+}
+// Whether `m` holds the field that starts at `offset` and is `size` bytes, e.g.
+// manifest_has_field(m, offsetof(PluginManifest, needs), sizeof(m.needs)).
+inline bool manifest_has_field(const PluginManifest& m, size_t offset, size_t size) {
+  return manifest_size(m) >= offset + size;
+}
+
+// Entry `i` of m.params, read with the plugin's stride: an older library's shorter ParamSpec
+// leaves the fields it lacks at their defaults. Libraries before 2.10 share this ParamSpec.
+inline ParamSpec manifest_param(const PluginManifest& m, size_t i) {
+  static_assert(std::is_trivially_copyable_v<ParamSpec>, "manifest_param copies ParamSpec bytes");
+  size_t stride = sizeof(ParamSpec);
+  if (manifest_has_field(m, offsetof(PluginManifest, param_spec_size), sizeof(m.param_spec_size)) &&
+      m.param_spec_size != 0)
+    stride = m.param_spec_size;
+  ParamSpec spec{};
+  std::memcpy(static_cast<void*>(&spec), reinterpret_cast<const char*>(m.params) + i * stride,
+              stride < sizeof(ParamSpec) ? stride : sizeof(ParamSpec));
+  return spec;
+}
 
 // The symbol every plugin library exports.
 #define TESSERA_PLUGIN_MANIFEST_SYMBOL "tessera_plugin_manifest"
@@ -147,8 +191,7 @@ void destroy_plugin(void* object) {
                                      CAPABILITIES, NEEDS)                                  \
   TESSERA_PLUGIN_EXPORT const ::tessera::PluginManifest* tessera_plugin_manifest() {       \
     static const ::tessera::PluginManifest manifest = {                                    \
-        {::tessera::kPluginMagic, TESSERA_SDK_ABI_MAJOR, TESSERA_SDK_ABI_MINOR, 0,         \
-         TESSERA_SDK_TOOLCHAIN},                                                           \
+        TESSERA_PLUGIN_MANIFEST_HEADER,                                                    \
         ::tessera::PluginKindOf<Interface>::value,                                         \
         NAME,                                                                              \
         VERSION,                                                                           \
@@ -159,7 +202,8 @@ void destroy_plugin(void* object) {
         &::tessera::detail::create_plugin<Impl, Interface>,                                \
         &::tessera::detail::destroy_plugin<Interface>,                                     \
         CAPABILITIES,                                                                      \
-        NEEDS};                                                                            \
+        NEEDS,                                                                             \
+        static_cast<uint32_t>(sizeof(::tessera::ParamSpec))};                              \
     return &manifest;                                                                      \
   }
 

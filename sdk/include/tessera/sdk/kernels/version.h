@@ -10,10 +10,13 @@
 // activation quantization, ggml's exp in scalar and AVX2 form (ggml_simd.h), the
 // element-wise kernels (cpu_kernels.h), the 8-row interleaved layouts and their matmuls
 // (interleaved.h), huge-page buffers (huge_buffer.h), fp_contract_off.h.
+// 1.1 the CUDA kernels (cuda.h, library tessera::cuda_kernels, only where the SDK was built
+// with a CUDA toolkit): moved from backend.cuda unchanged, so attention.cuda-flash and any
+// third-party CUDA plugin use them through the SDK.
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
-#define TESSERA_SDK_KERNELS_VERSION_MINOR 0
+#define TESSERA_SDK_KERNELS_VERSION_MINOR 1
 
 namespace tessera {
 inline constexpr int kSdkKernelsVersionMajor = TESSERA_SDK_KERNELS_VERSION_MAJOR;

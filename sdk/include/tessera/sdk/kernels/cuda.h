@@ -1,7 +1,11 @@
-// Host-callable launchers of the CUDA kernels (implemented in *.cu, compiled once into the
-// static library tessera_cuda_kernels that backend-cuda, attention-cuda-flash, the CUDA tests
-// and the benchmark link). Every launcher is asynchronous on `stream`; all pointers are device
-// pointers unless a parameter says otherwise. Activations are f32 throughout.
+// The SDK's CUDA kernel helpers: host-callable launchers of the device kernels, implemented in
+// core/src/kernels/cuda/*.cu and compiled once into the static library tessera_cuda_kernels,
+// installed with the SDK (where the SDK was built with a CUDA toolkit) and exported by its
+// package config as tessera::cuda_kernels. backend.cuda, attention.cuda-flash, the CUDA tests
+// and the benchmark link it; a third party's CUDA plugin links the same code. Kernels version
+// (tessera/sdk/kernels/version.h) 1.1 added this header. Every launcher is asynchronous on
+// `stream`; all pointers are device pointers unless a parameter says otherwise. Activations
+// are f32 throughout. Needs <cuda_runtime_api.h> (CUDA::cudart, linked by the library).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernels.h"
+#include "tessera/sdk/kernels/cuda.h"
 
 namespace tessera::cuda {
 
