@@ -1,13 +1,30 @@
-// Conformance suite for kv_cache plugins: every plugin of the kind (kv_cache.contiguous and
-// kv_cache.paged at several block sizes), loaded by name through the real plugin registry.
+// Conformance suite for kv_cache plugins: every kv_cache plugin the registry holds (the
+// build's plugin folder and every folder on TESSERA_PLUGIN_PATH, so a third party runs it on
+// its own library), created by name from YAML validated against its schema. Parameters a
+// plugin requires come from TESSERA_CONFORMANCE_PARAMS (entry `kv_cache.<name>`); the suite
+// adds `memory` (which it needs), `block_size` and the case's own settings on top.
 //
-// Besides the bookkeeping (all-or-nothing allocation, tables covering the tokens, everything
-// returning to free), the suite simulates the KV memory the backend would own: a "runner"
-// performs the block copies and writes a value for every token into the slot the block table
-// names, where the value stands for the token's K/V (a hash of the whole prefix up to it). A
-// sequence must then read back exactly its own prefix values, whatever sharing, copy-on-write,
-// prefix reuse and eviction happened in between; and no block may be written while another
-// live sequence holds it. Prefix caching and LRU eviction have paged-only cases below.
+// Variants come from each plugin's schema: a plugin with a `block_size` parameter runs at
+// block sizes 1, 4, 8 and 16 (those within the parameter's bounds), any other once with the
+// block size it chooses, read back from configure's layout. The cases are of three kinds:
+//  (a) the contract of tessera/sdk/kv_cache.h, on every variant: configure sizes the pool from
+//      the budget and dtypes and fails clearly when one sequence does not fit; allocation
+//      covers the tokens, is exclusive and all-or-nothing; fork, copy-on-write and truncate
+//      keep each sequence's K/V; free returns everything; the stats add up; a random stress
+//      run of allocate/mark/fork/free keeps every invariant;
+//  (b) features, where the schema declares them: storage types f32 / q8_0 (the values the
+//      `dtype`, `k_dtype`, `v_dtype` enums accept), prefix reuse (a `prefix_caching`
+//      parameter: hits, chaining over the whole prefix, turning it off);
+//  (c) expectations specific to the in-tree `paged` and `contiguous` plugins (which block ids
+//      stay shared, exact block counts, the copy records, paged's eviction order), keyed on
+//      those names and labelled "(c)" / "in-tree".
+//
+// Besides the bookkeeping, the suite simulates the KV memory the backend would own: a
+// "runner" performs the block copies and writes a value for every token into the slot the
+// block table names, where the value stands for the token's K/V (a hash of the whole prefix
+// up to it). A sequence must then read back exactly its own prefix values, whatever sharing,
+// copy-on-write, truncation, prefix reuse and eviction happened in between; and no block may
+// be written while another live sequence holds it.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -17,7 +34,10 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <yaml-cpp/yaml.h>
 
 #include "support/plugins.h"
 #include "support/test_env.h"
@@ -36,19 +56,103 @@ constexpr int64_t kTokenBytes = 64;
 constexpr KvModelShape kShape32{2, 2, 32, /*max_context=*/64, /*max_num_seqs=*/8};
 constexpr int64_t kTokenBytesQ8 = 272;
 
-struct Variant {
-  std::string plugin;  // "contiguous" or "paged"
-  int32_t block_size;  // paged only (contiguous uses max_context)
-  std::string label() const {
-    return plugin == "paged" ? "paged/bs=" + std::to_string(block_size) : plugin;
+// --- Which plugins, at which settings ---------------------------------------------------
+// Every kv_cache plugin the registry holds (the build's plugin folder and TESSERA_PLUGIN_PATH)
+// is tested. What a plugin offers is read from its manifest's parameter schema: a
+// `block_size` parameter runs the plugin at several block sizes, a `dtype` / `k_dtype` /
+// `v_dtype` enum enables the storage-type cases for the values it accepts, a `prefix_caching`
+// parameter enables the prefix-reuse cases. The budget is always given as `memory` (bytes, the
+// engine.kv_cache.memory every stack sets), so the suite needs that parameter.
+
+const ParamSpec* find_param(const std::string& plugin, std::string_view param) {
+  const PluginInfo* info = test::plugin_registry().find(PluginKind::kKvCache, plugin);
+  if (!info) return nullptr;
+  for (size_t i = 0; i < info->manifest->num_params; ++i)
+    if (param == info->manifest->params[i].name) return &info->manifest->params[i];
+  return nullptr;
+}
+
+// Whether `plugin` has parameter `param` and (for an enum) accepts `value`.
+bool accepts(const std::string& plugin, std::string_view param, std::string_view value = {}) {
+  const ParamSpec* p = find_param(plugin, param);
+  if (!p) return false;
+  if (value.empty()) return true;
+  if (p->type != ParamType::kEnum || !p->choices) return false;
+  std::string_view choices = p->choices;
+  for (size_t pos = 0; pos <= choices.size();) {
+    const size_t bar = std::min(choices.find('|', pos), choices.size());
+    if (choices.substr(pos, bar - pos) == value) return true;
+    pos = bar + 1;
   }
-  bool is_paged() const { return plugin == "paged"; }
+  return false;
+}
+
+struct Variant {
+  std::string plugin;
+  int32_t block_size = 0;  // 0: the plugin has no block_size parameter (it chooses; read the layout)
+  std::string label() const {
+    return block_size > 0 ? plugin + "/bs=" + std::to_string(block_size) : plugin;
+  }
+  // Features declared through the schema: the cases of part (b) run only where declared.
+  bool prefix_caching() const { return accepts(plugin, "prefix_caching"); }
+  bool accepts_dtype(std::string_view param, std::string_view dtype) const {
+    return accepts(plugin, param, dtype);
+  }
+  // The in-tree plugins, for the implementation-specific expectations of part (c).
+  bool in_tree_paged() const { return plugin == "paged"; }
+  bool in_tree_contiguous() const { return plugin == "contiguous"; }
 };
 
+// The block sizes a plugin runs at: 1, 4, 8 and 16 where its block_size parameter allows them.
+std::vector<Variant> variants_of(const std::string& plugin) {
+  const ParamSpec* bs = find_param(plugin, "block_size");
+  if (!bs || bs->type != ParamType::kInt) return {{plugin, 0}};
+  std::vector<Variant> out;
+  for (int32_t b : {1, 4, 8, 16})
+    if (b >= bs->min_value && b <= bs->max_value) out.push_back({plugin, b});
+  if (out.empty()) out.push_back({plugin, 0});  // none allowed: its default
+  return out;
+}
+
 const std::vector<Variant>& variants() {
-  static const std::vector<Variant> v = {
-      {"contiguous", 0}, {"paged", 1}, {"paged", 4}, {"paged", 8}, {"paged", 16}};
-  return v;
+  static const std::vector<Variant> all = [] {
+    std::vector<Variant> v;
+    for (const std::string& name : test::plugin_names(PluginKind::kKvCache)) {
+      if (!accepts(name, "memory")) continue;  // reported by the "registered" case
+      for (const Variant& x : variants_of(name)) v.push_back(x);
+    }
+    return v;
+  }();
+  return all;
+}
+
+// The variants of plugins declaring prefix caching whose block size is at least `min_bs`
+// (a plugin choosing its own block size is included; the case reads it from the layout).
+std::vector<Variant> prefix_variants(int32_t min_bs) {
+  std::vector<Variant> out;
+  for (const Variant& v : variants())
+    if (v.prefix_caching() && (v.block_size == 0 || v.block_size >= min_bs)) out.push_back(v);
+  return out;
+}
+
+// The parameters a variant is created with: the third party's own (TESSERA_CONFORMANCE_PARAMS),
+// then the suite's `memory` and `block_size`, then `extra` (a flow mapping's contents, e.g.
+// "dtype: f32"); later keys win.
+std::string params_yaml(const Variant& v, int64_t memory, const std::string& extra = "") {
+  YAML::Node node = YAML::Load(test::conformance_params(PluginKind::kKvCache, v.plugin, "{}"));
+  node["memory"] = memory;
+  if (v.block_size > 0) node["block_size"] = v.block_size;
+  if (!extra.empty())
+    for (const auto& kv : YAML::Load("{" + extra + "}")) node[kv.first.as<std::string>()] = kv.second;
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+
+std::shared_ptr<KvCacheManager> create_kv(const Variant& v, int64_t memory, const std::string& extra = "") {
+  auto kv = test::create_plugin<KvCacheManager>(v.plugin, params_yaml(v, memory, extra));
+  REQUIRE(kv);
+  return kv;
 }
 
 // A configured manager of `variant` whose budget holds `capacity_tokens` token slots.
@@ -56,15 +160,24 @@ std::shared_ptr<KvCacheManager> make_kv(const Variant& variant, int64_t capacity
                                         KvLayout* layout, const std::string& extra = "",
                                         const KvModelShape& shape = kShape,
                                         int64_t token_bytes = kTokenBytes) {
-  std::string yaml = "{memory: " + std::to_string(capacity_tokens * token_bytes);
-  if (variant.is_paged()) yaml += ", block_size: " + std::to_string(variant.block_size);
-  if (!extra.empty()) yaml += ", " + extra;
-  yaml += "}";
-  auto kv = test::create_plugin<KvCacheManager>(variant.plugin, yaml);
-  REQUIRE(kv);
+  auto kv = create_kv(variant, capacity_tokens * token_bytes, extra);
   Status st = kv->configure(shape, layout);
   REQUIRE_MESSAGE(st.is_ok(), st.message());
+  REQUIRE(layout->block_size > 0);
+  if (variant.block_size > 0) CHECK(layout->block_size == variant.block_size);
   return kv;
+}
+
+// The contract of configure for a budget of `memory` bytes: the pool is what the budget holds
+// in the layout's block size and dtypes (memory / KvLayout::block_bytes), every block free.
+void check_layout(const KvCacheManager& kv, const KvLayout& layout, const KvModelShape& shape,
+                  int64_t memory) {
+  const auto block = static_cast<int64_t>(
+      KvLayout::block_bytes(shape, layout.block_size, layout.k_dtype, layout.v_dtype));
+  REQUIRE(block > 0);
+  CHECK(layout.num_blocks == memory / block);
+  CHECK(kv.num_free_blocks() == layout.num_blocks);
+  CHECK(kv.stats().num_blocks == layout.num_blocks);
 }
 
 uint64_t mix(uint64_t h, uint64_t t) {
@@ -102,15 +215,27 @@ struct SimPool {
   std::vector<uint64_t> slots;
   explicit SimPool(const KvLayout& l)
       : block_size(l.block_size), slots(static_cast<size_t>(l.num_blocks) * l.block_size, 0) {}
+  // Token t's slot; a table too short or a block id outside the pool fails the case (rather
+  // than writing outside the simulated pool).
   size_t slot(std::span<const int32_t> table, int32_t t) const {
-    return static_cast<size_t>(table[t / block_size]) * block_size + t % block_size;
+    if (static_cast<size_t>(t / block_size) >= table.size()) FAIL("token " << t << " has no block");
+    const int32_t block = table[t / block_size];
+    check_block(block);
+    return static_cast<size_t>(block) * block_size + t % block_size;
+  }
+  void check_block(int32_t block) const {
+    if (block < 0 || static_cast<size_t>(block) * block_size >= slots.size())
+      FAIL("block id " << block << " outside the pool");
   }
   void apply(KvCacheManager& kv) {
     std::vector<BlockCopy> copies;
     kv.take_block_copies(&copies);
-    for (const BlockCopy& c : copies)  // in order: a later copy may reuse an earlier source
+    for (const BlockCopy& c : copies) {  // in order: a later copy may reuse an earlier source
+      check_block(c.src);
+      check_block(c.dst);
       std::copy_n(slots.begin() + static_cast<size_t>(c.src) * block_size, block_size,
                   slots.begin() + static_cast<size_t>(c.dst) * block_size);
+    }
   }
   void write(KvCacheManager& kv, const Seq& s, int32_t from, int32_t to) {
     auto table = kv.block_table(s.info.id);
@@ -162,30 +287,69 @@ void check_all_free(KvCacheManager& kv, const KvLayout& layout) {
 
 }  // namespace
 
+// ======================================================================================
+// The suite has three parts:
+//  (a) the contract of kv_cache.h every KvCacheManager keeps: run on every variant;
+//  (b) what a plugin offering a feature must do, run where its schema declares the feature
+//      (`dtype` values, `prefix_caching`);
+//  (c) implementation-specific expectations of the in-tree `paged` and `contiguous` plugins
+//      (which blocks are shared, eviction order, exact block counts), keyed on those names and
+//      labelled "in-tree paged:" / "in-tree contiguous:". A third party's plugin never runs them.
+// ======================================================================================
+
+TEST_CASE("kv_cache plugins: paged and contiguous are registered; every plugin is tested") {
+  test::check_no_load_errors();
+  const auto names = test::plugin_names(PluginKind::kKvCache);
+  for (const char* want : {"paged", "contiguous"})
+    CHECK_MESSAGE(std::find(names.begin(), names.end(), want) != names.end(), std::string(want) << " not found");
+  for (const std::string& name : names) {
+    // The suite sizes every cache through its byte budget, as every stack does.
+    const ParamSpec* memory = find_param(name, "memory");
+    CHECK_MESSAGE((memory && memory->type == ParamType::kBytes),
+                  "kv_cache." << name << " has no `memory` (bytes) parameter: the suite cannot size "
+                                 "its cache, so it is not tested");
+    std::string list;
+    for (const Variant& v : variants())
+      if (v.plugin == name) list += (list.empty() ? "" : ", ") + v.label();
+    if (list.empty()) list = "not tested";
+    if (accepts(name, "prefix_caching")) list += "; prefix caching";
+    if (accepts(name, "dtype", "q8_0")) list += "; dtype q8_0";
+    MESSAGE("kv_cache." << name << ": " << list);
+  }
+}
+
 TEST_CASE("configure sizes the pool and fails clearly when one sequence does not fit") {
   for (const Variant& v : variants()) {
     CAPTURE(v.label());
+    // (a) The layout's dtypes are the configured ones, the pool is what the budget holds.
+    const int64_t memory = 4 * kShape.max_context * kTokenBytes;
+    const PluginConfig config = validate_plugin_params(
+        *test::plugin_registry().find(PluginKind::kKvCache, v.plugin)->manifest, "engine.kv_cache",
+        params_yaml(v, memory));
     KvLayout layout;
     auto kv = make_kv(v, 4 * kShape.max_context, &layout);
-    CHECK(layout.k_dtype == KvDtype::kF16);
-    CHECK(layout.v_dtype == KvDtype::kF16);
-    CHECK(kv->num_free_blocks() == layout.num_blocks);
-    CHECK(static_cast<int64_t>(layout.num_blocks) * layout.block_size == 4 * kShape.max_context);
-    if (v.is_paged()) CHECK(layout.block_size == v.block_size);
-    CHECK(kv->stats().num_blocks == layout.num_blocks);
+    if (accepts(v.plugin, "dtype")) {  // the in-tree plugins: f16 by default
+      const KvDtypes configured = kv_dtypes_from_config(config);
+      CHECK(layout.k_dtype == configured.k);
+      CHECK(layout.v_dtype == configured.v);
+    }
+    check_layout(*kv, layout, kShape, memory);
+    if (4 * kShape.max_context % layout.block_size == 0)
+      CHECK(static_cast<int64_t>(layout.num_blocks) * layout.block_size == 4 * kShape.max_context);
 
-    // f32 halves the blocks a budget holds.
-    KvLayout layout32;
-    auto kv32 = make_kv(v, 4 * kShape.max_context, &layout32, "dtype: f32");
-    CHECK(layout32.k_dtype == KvDtype::kF32);
-    CHECK(layout32.v_dtype == KvDtype::kF32);
-    CHECK(layout32.num_blocks * 2 == layout.num_blocks);
+    // (b) f32 halves the blocks a budget holds.
+    if (v.accepts_dtype("dtype", "f32")) {
+      KvLayout layout32;
+      auto kv32 = make_kv(v, 4 * kShape.max_context, &layout32, "dtype: f32");
+      CHECK(layout32.k_dtype == KvDtype::kF32);
+      CHECK(layout32.v_dtype == KvDtype::kF32);
+      check_layout(*kv32, layout32, kShape, memory);
+      if (layout32.block_size == layout.block_size && 4 * kShape.max_context % (2 * layout.block_size) == 0)
+        CHECK(layout32.num_blocks * 2 == layout.num_blocks);
+    }
 
-    // A budget one token short of max_context.
-    std::string yaml = "{memory: " + std::to_string((kShape.max_context - 1) * kTokenBytes);
-    if (v.is_paged()) yaml += ", block_size: " + std::to_string(v.block_size);
-    yaml += "}";
-    auto small = test::create_plugin<KvCacheManager>(v.plugin, yaml);
+    // (a) A budget one token short of max_context: refused, naming the setting to change.
+    auto small = create_kv(v, (kShape.max_context - 1) * kTokenBytes);
     KvLayout none;
     const Status st = small->configure(kShape, &none);
     CHECK(st.code() == StatusCode::kResourceExhausted);
@@ -193,33 +357,40 @@ TEST_CASE("configure sizes the pool and fails clearly when one sequence does not
   }
 }
 
+// (b) Plugins whose `dtype` accepts q8_0 (and `k_dtype` / `v_dtype`, where declared).
 TEST_CASE("dtype q8_0: 34 bytes per 32 values, K and V separately, head_dim checked") {
   CHECK(kv_row_bytes(KvDtype::kQ8_0, 32) == 34);
   CHECK(KvLayout::block_bytes(kShape32, 1, KvDtype::kQ8_0, KvDtype::kQ8_0) == kTokenBytesQ8);
   CHECK(KvLayout::block_bytes(kShape32, 1, KvDtype::kQ8_0, KvDtype::kF16) == kTokenBytesQ8 / 2 + 256);
   for (const Variant& v : variants()) {
+    if (!v.accepts_dtype("dtype", "q8_0")) continue;
     CAPTURE(v.label());
+    const int64_t memory = 4 * kShape32.max_context * kTokenBytesQ8;
     KvLayout q8;
     auto kv = make_kv(v, 4 * kShape32.max_context, &q8, "dtype: q8_0", kShape32, kTokenBytesQ8);
     CHECK(q8.k_dtype == KvDtype::kQ8_0);
     CHECK(q8.v_dtype == KvDtype::kQ8_0);
-    CHECK(static_cast<int64_t>(q8.num_blocks) * q8.block_size == 4 * kShape32.max_context);
-    CHECK(kv->num_free_blocks() == q8.num_blocks);
+    check_layout(*kv, q8, kShape32, memory);
+    if (4 * kShape32.max_context % q8.block_size == 0)
+      CHECK(static_cast<int64_t>(q8.num_blocks) * q8.block_size == 4 * kShape32.max_context);
     // K only: the same budget holds fewer tokens than all-q8_0.
-    KvLayout k_only;
-    make_kv(v, 4 * kShape32.max_context, &k_only, "k_dtype: q8_0", kShape32, kTokenBytesQ8);
-    CHECK(k_only.k_dtype == KvDtype::kQ8_0);
-    CHECK(k_only.v_dtype == KvDtype::kF16);
-    CHECK(k_only.num_blocks * k_only.block_size < 4 * kShape32.max_context);
-    KvLayout v_only;
-    make_kv(v, 4 * kShape32.max_context, &v_only, "dtype: f32, v_dtype: q8_0", kShape32, kTokenBytesQ8);
-    CHECK(v_only.k_dtype == KvDtype::kF32);
-    CHECK(v_only.v_dtype == KvDtype::kQ8_0);
+    if (v.accepts_dtype("k_dtype", "q8_0")) {
+      KvLayout k_only;
+      auto kv_k = make_kv(v, 4 * kShape32.max_context, &k_only, "k_dtype: q8_0", kShape32, kTokenBytesQ8);
+      CHECK(k_only.k_dtype == KvDtype::kQ8_0);
+      CHECK(k_only.v_dtype == KvDtype::kF16);
+      CHECK(k_only.num_blocks * k_only.block_size < 4 * kShape32.max_context);
+      check_layout(*kv_k, k_only, kShape32, memory);
+    }
+    if (v.accepts_dtype("dtype", "f32") && v.accepts_dtype("v_dtype", "q8_0")) {
+      KvLayout v_only;
+      auto kv_v = make_kv(v, 4 * kShape32.max_context, &v_only, "dtype: f32, v_dtype: q8_0", kShape32, kTokenBytesQ8);
+      CHECK(v_only.k_dtype == KvDtype::kF32);
+      CHECK(v_only.v_dtype == KvDtype::kQ8_0);
+      check_layout(*kv_v, v_only, kShape32, memory);
+    }
     // head_dim 4 has no room for a block of 32: refused, naming the dtype and head_dim.
-    std::string yaml = "{memory: 1MiB, dtype: q8_0";
-    if (v.is_paged()) yaml += ", block_size: " + std::to_string(v.block_size);
-    yaml += "}";
-    auto bad = test::create_plugin<KvCacheManager>(v.plugin, yaml);
+    auto bad = create_kv(v, 1 << 20, "dtype: q8_0");
     KvLayout none;
     const Status st = bad->configure(kShape, &none);
     CHECK(st.code() == StatusCode::kInvalidArgument);
@@ -228,7 +399,8 @@ TEST_CASE("dtype q8_0: 34 bytes per 32 values, K and V separately, head_dim chec
   }
 }
 
-TEST_CASE("paged: parameter schema bounds block_size") {
+// (c) In-tree paged: its schema.
+TEST_CASE("in-tree paged: parameter schema bounds block_size") {
   const PluginInfo* info = test::plugin_registry().find(PluginKind::kKvCache, "paged");
   REQUIRE(info != nullptr);
   CHECK_THROWS(validate_plugin_params(*info->manifest, "engine.kv_cache", "{block_size: 0}"));
@@ -241,6 +413,7 @@ TEST_CASE("paged: parameter schema bounds block_size") {
   CHECK(c.get_bool("prefix_caching") == true);
 }
 
+// (a)
 TEST_CASE("allocation covers the tokens, is exclusive and all-or-nothing; free returns all") {
   for (const Variant& v : variants()) {
     CAPTURE(v.label());
@@ -265,7 +438,8 @@ TEST_CASE("allocation covers the tokens, is exclusive and all-or-nothing; free r
       }
       auto table = kv->block_table(s->info.id);
       CHECK(static_cast<int64_t>(table.size()) * layout.block_size >= len);
-      CHECK(static_cast<int64_t>(table.size() - 1) * layout.block_size < len);  // no excess block
+      if (v.in_tree_paged() || v.in_tree_contiguous())  // (c) in-tree: no excess block
+        CHECK(static_cast<int64_t>(table.size() - 1) * layout.block_size < len);
       for (int32_t b : table) CHECK((b >= 0 && b < layout.num_blocks));
       seqs.push_back(std::move(s));
       REQUIRE(i < 1000);
@@ -308,6 +482,7 @@ TEST_CASE("allocation covers the tokens, is exclusive and all-or-nothing; free r
   }
 }
 
+// (a) The content checks; which blocks stay shared is (c).
 TEST_CASE("fork shares, and the first write after it copies: distinct tails, parent intact") {
   for (const Variant& v : variants()) {
     CAPTURE(v.label());
@@ -336,11 +511,11 @@ TEST_CASE("fork shares, and the first write after it copies: distinct tails, par
     auto ct = kv->block_table(2);
     const int32_t tail = 10 / layout.block_size;  // the block receiving token 10
     CHECK(pt[tail] != ct[tail]);
-    // Full blocks before the tail may stay shared (paged); nothing else is shared.
-    for (int32_t i = 0; i < tail; ++i) {
-      if (v.is_paged()) CHECK(pt[i] == ct[i]);
-    }
-    if (v.is_paged()) {
+
+    // (c) In-tree paged: full blocks before the tail stay shared (the same block ids), and
+    // the partial block the child wrote into was copied. In-tree contiguous: nothing shared.
+    if (v.in_tree_paged()) {
+      for (int32_t i = 0; i < tail; ++i) CHECK(pt[i] == ct[i]);
       if (10 % layout.block_size != 0) {
         // The partial block held tokens 8..9: the child's write copied it.
         std::vector<BlockCopy> none;
@@ -351,8 +526,9 @@ TEST_CASE("fork shares, and the first write after it copies: distinct tails, par
       }
     }
 
-    // Fork again from a sequence that is mid-block, then check the copy record itself.
-    if (v.is_paged() && v.block_size == 8) {
+    // (c) In-tree paged: fork again from a sequence that is mid-block, then check the copy
+    // record itself.
+    if (v.in_tree_paged() && layout.block_size == 8) {
       REQUIRE(kv->fork(1, 3).is_ok());
       Seq third(3, parent.tokens);
       third.info.num_computed_tokens = parent.computed();
@@ -366,7 +542,7 @@ TEST_CASE("fork shares, and the first write after it copies: distinct tails, par
       CHECK(copies[0].src != copies[0].dst);
       kv->free(3);
     }
-    if (!v.is_paged()) {
+    if (v.in_tree_contiguous()) {
       // A contiguous region cannot be shared: the fork itself copied it.
       CHECK(kv->block_table(1)[0] != kv->block_table(2)[0]);
     }
@@ -378,12 +554,83 @@ TEST_CASE("fork shares, and the first write after it copies: distinct tails, par
   }
 }
 
-TEST_CASE("paged: prefix hits share full blocks, chained over the whole prefix") {
-  for (int32_t bs : {4, 8, 16}) {
-    CAPTURE(bs);
-    const Variant v{"paged", bs};
+// (a) Speculative rollback as the engine does it: a sampled token and 5 drafts are fed, 2
+// drafts are accepted, then truncate keeps the committed tokens. The kept K/V (and that of a
+// forked sibling sharing the first blocks) reads back, truncate takes no memory, and the next
+// allocation grows again from there.
+TEST_CASE("truncate after rejected drafts keeps the committed K/V and gives slots back") {
+  for (const Variant& v : variants()) {
+    CAPTURE(v.label());
     KvLayout layout;
-    auto kv = make_kv(v, 8 * kShape.max_context, &layout, "", {2, 2, 4, 256, 8});
+    auto kv = make_kv(v, 4 * kShape.max_context, &layout);
+    SimPool pool(layout);
+    Seq a(1, make_tokens(10, 700));
+    REQUIRE(run_chunk(*kv, pool, a, 10));
+    REQUIRE(kv->fork(1, 2).is_ok());
+    Seq sibling(2, a.tokens);
+    sibling.info.num_computed_tokens = a.computed();
+    pool.apply(*kv);  // a fork may copy at once (a contiguous region cannot be shared)
+    const int32_t free_before = kv->num_free_blocks();
+
+    a.append(60);
+    for (TokenId t : {61, 62, 63, 64, 65}) a.append(t);  // tokens 10..15
+    REQUIRE(kv->allocate_slots(a.info, 6));
+    pool.apply(*kv);
+    pool.write(*kv, a, 10, 16);
+    const int32_t free_allocated = kv->num_free_blocks();
+    // Tokens 10..12 (the fed one, 2 drafts) are computed; the bonus token 99 is committed.
+    a.tokens.resize(13);
+    a.append(99);
+    a.info.num_computed_tokens = 13;
+    kv->mark_computed(a.info, 13);
+    kv->truncate(a.info, 14);
+    CHECK(kv->num_free_blocks() >= free_allocated);
+    pool.check(*kv, a);
+    pool.check(*kv, sibling);
+    auto ta = kv->block_table(1);
+    auto ts = kv->block_table(2);
+    std::set<int32_t> used(ta.begin(), ta.end());
+    used.insert(ts.begin(), ts.end());
+    const KvStats st = kv->stats();
+    CHECK(st.num_slots_filled == 13 + 10);
+    CHECK(st.num_slots_reserved == static_cast<int64_t>(ta.size() + ts.size()) * layout.block_size);
+    CHECK(st.num_used_blocks == static_cast<int32_t>(used.size()));
+    CHECK(st.num_used_blocks + kv->num_free_blocks() == layout.num_blocks);
+    const int32_t bs = layout.block_size;
+    if (v.in_tree_paged()) {  // (c) whole blocks past the kept tokens went back
+      CHECK(static_cast<int32_t>(ta.size()) == (14 + bs - 1) / bs);
+      CHECK(kv->num_free_blocks() == free_before - ((14 + bs - 1) / bs - 10 / bs));
+    }
+    if (v.in_tree_contiguous()) {  // (c) the region stays whole
+      CHECK(ta.size() == 1);
+      CHECK(kv->num_free_blocks() == free_before);
+    }
+
+    // The next step feeds the bonus token; the sibling feeds its own.
+    REQUIRE(run_chunk(*kv, pool, a, 1));
+    sibling.append(5);
+    REQUIRE(run_chunk(*kv, pool, sibling, 1));
+    pool.check(*kv, a);
+    pool.check(*kv, sibling);
+    kv->free(1);
+    kv->free(2);
+    check_all_free(*kv, layout);
+  }
+}
+
+// (b) Plugins declaring `prefix_caching`, at block sizes 4 and up; what is shared how
+// (block ids, free counts, no copies) is (c).
+TEST_CASE("prefix caching: hits cover full blocks, chained over the whole prefix") {
+  for (const Variant& v : prefix_variants(4)) {
+    CAPTURE(v.label());
+    KvLayout layout;
+    auto kv = make_kv(v, 8 * kShape.max_context, &layout, "prefix_caching: true", {2, 2, 4, 256, 8});
+    const int32_t bs = layout.block_size;
+    if (3 * bs + 5 > 256) {
+      MESSAGE(v.label() << ": block size " << bs << " too large for the prefix cases; skipped");
+      continue;
+    }
+    const bool paged = v.in_tree_paged();
     SimPool pool(layout);
     const int32_t len = 3 * bs + 5;
     Seq a(1, make_tokens(len, 100));
@@ -401,17 +648,21 @@ TEST_CASE("paged: prefix hits share full blocks, chained over the whole prefix")
     const int32_t b_cached = kv->attach_cached_prefix(b.info);
     CHECK(b_cached == 3 * bs);
     CHECK(b.computed() == 0);
-    CHECK(kv->num_free_blocks() == free_before);  // hits on used blocks cost nothing
     CHECK(kv->stats().prefix_hit_tokens == 3 * bs);
     CHECK(kv->stats().prefix_query_tokens == len + 3 * bs + 2);
     CHECK(kv->stats().num_slots_filled == len + 3 * bs);
-    for (int i = 0; i < 3; ++i) CHECK(kv->block_table(2)[i] == kv->block_table(1)[i]);
+    if (paged) {  // (c) in-tree paged: the hit shares the live sequence's blocks, at no cost
+      CHECK(kv->num_free_blocks() == free_before);  // hits on used blocks cost nothing
+      for (int i = 0; i < 3; ++i) CHECK(kv->block_table(2)[i] == kv->block_table(1)[i]);
+    }
     // The scheduler asks for `cached + n` from num_computed_tokens == 0.
     REQUIRE(run_chunk(*kv, pool, b, b.info.num_uncomputed() - b_cached, b_cached));
-    std::vector<BlockCopy> copies;
-    kv->take_block_copies(&copies);
-    CHECK(copies.empty());  // the shared prefix is never written, so never copied
-    CHECK(kv->block_table(2).size() == 4);
+    if (paged) {  // (c) in-tree paged
+      std::vector<BlockCopy> copies;
+      kv->take_block_copies(&copies);
+      CHECK(copies.empty());  // the shared prefix is never written, so never copied
+      CHECK(kv->block_table(2).size() == 4);
+    }
     CHECK(kv->block_table(2)[3] != kv->block_table(1)[3]);
     pool.check(*kv, a);
     pool.check(*kv, b);
@@ -447,7 +698,7 @@ TEST_CASE("paged: prefix hits share full blocks, chained over the whole prefix")
     CHECK(admit(*kv, e) == 2 * bs);
     Seq f(6, std::vector<TokenId>(a.tokens.begin(), a.tokens.begin() + 3 * bs + 1));
     CHECK(admit(*kv, f) == 3 * bs);
-    CHECK(kv->attach_cached_prefix(f.info) == 0);  // already computed > 0: nothing to attach
+    if (paged) CHECK(kv->attach_cached_prefix(f.info) == 0);  // (c) already computed > 0: nothing to attach
     Seq g(7, std::vector<TokenId>(a.tokens.begin(), a.tokens.begin() + 3 * bs + 1));
     CHECK(kv->attach_cached_prefix(g.info) == 3 * bs);
     CHECK(kv->attach_cached_prefix(g.info) == 3 * bs);  // asked twice: attached once
@@ -467,7 +718,7 @@ TEST_CASE("paged: prefix hits share full blocks, chained over the whole prefix")
     const int32_t free_cached = kv->num_free_blocks();
     const int32_t full_blocks = (len - 1) / bs;  // a's full blocks, leaving a token to compute
     CHECK(admit(*kv, h) == full_blocks * bs);
-    CHECK(kv->num_free_blocks() == free_cached - full_blocks);  // the hits left the free queue
+    if (paged) CHECK(kv->num_free_blocks() == free_cached - full_blocks);  // (c) the hits left the free queue
     REQUIRE(run_chunk(*kv, pool, h, h.info.num_uncomputed()));
     pool.check(*kv, h);
     kv->free(8);
@@ -475,74 +726,96 @@ TEST_CASE("paged: prefix hits share full blocks, chained over the whole prefix")
   }
 }
 
-TEST_CASE("paged: after attach, a chunked allocation counts from num_computed_tokens") {
-  const Variant v{"paged", 8};
-  KvLayout layout;
-  auto kv = make_kv(v, 4 * kShape.max_context, &layout);
-  SimPool pool(layout);
-  Seq a(1, make_tokens(60, 1));
-  REQUIRE(run_chunk(*kv, pool, a, 60));
-  Seq b(2, make_tokens(60, 1));
-  REQUIRE(kv->attach_cached_prefix(b.info) == 56);
-  // Chunk of 2 after the 56 cached tokens, asked while num_computed_tokens is still 0.
-  const int32_t free_before = kv->num_free_blocks();
-  REQUIRE(run_chunk(*kv, pool, b, 2, 56));
-  CHECK(kv->block_table(2).size() == 8);  // 58 tokens: 7 shared + 1 own, nothing beyond
-  CHECK(kv->num_free_blocks() == free_before - 1);
-  REQUIRE(run_chunk(*kv, pool, b, 2));
-  pool.check(*kv, b);
-  // Cancelled at admission (scheduler gave the attached prefix back): all returns.
-  Seq c(3, make_tokens(60, 1));
-  REQUIRE(kv->attach_cached_prefix(c.info) == 56);
-  kv->free(3);
-  kv->free(1);
-  kv->free(2);
-  check_all_free(*kv, layout);
+// (b) Plugins declaring `prefix_caching` (block size 8: 56 of the 60 tokens cached).
+TEST_CASE("prefix caching: after attach, a chunked allocation counts from num_computed_tokens") {
+  for (const Variant& v : prefix_variants(4)) {
+    CAPTURE(v.label());
+    KvLayout layout;
+    auto kv = make_kv(v, 4 * kShape.max_context, &layout, "prefix_caching: true");
+    const int32_t bs = layout.block_size;
+    const int32_t cached = 59 / bs * bs;  // full blocks, leaving a prompt token to compute
+    if (cached == 0 || cached + 4 > 60) {
+      MESSAGE(v.label() << ": block size " << bs << " does not suit this case; skipped");
+      continue;
+    }
+    SimPool pool(layout);
+    Seq a(1, make_tokens(60, 1));
+    REQUIRE(run_chunk(*kv, pool, a, 60));
+    Seq b(2, make_tokens(60, 1));
+    REQUIRE(kv->attach_cached_prefix(b.info) == cached);
+    // Chunk of 2 after the cached tokens, asked while num_computed_tokens is still 0.
+    const int32_t free_before = kv->num_free_blocks();
+    REQUIRE(run_chunk(*kv, pool, b, 2, cached));
+    // Counting the prefix twice would need room for 2 * cached + 2 tokens.
+    CHECK(static_cast<int64_t>(kv->block_table(2).size()) * bs < 2 * cached + 2);
+    if (v.in_tree_paged()) {  // (c) in-tree paged: e.g. bs 8, 58 tokens: 7 shared + 1 own, nothing beyond
+      const int32_t blocks = (cached + 2 + bs - 1) / bs;
+      CHECK(static_cast<int32_t>(kv->block_table(2).size()) == blocks);
+      CHECK(kv->num_free_blocks() == free_before - (blocks - cached / bs));
+    }
+    REQUIRE(run_chunk(*kv, pool, b, 2));
+    pool.check(*kv, b);
+    // Cancelled at admission (scheduler gave the attached prefix back): all returns.
+    Seq c(3, make_tokens(60, 1));
+    REQUIRE(kv->attach_cached_prefix(c.info) == cached);
+    kv->free(3);
+    kv->free(1);
+    kv->free(2);
+    check_all_free(*kv, layout);
+  }
 }
 
-TEST_CASE("paged: prefix caching off never attaches") {
-  const Variant v{"paged", 4};
-  KvLayout layout;
-  auto kv = make_kv(v, 4 * kShape.max_context, &layout, "prefix_caching: false");
-  SimPool pool(layout);
-  Seq a(1, make_tokens(20, 1));
-  REQUIRE(run_chunk(*kv, pool, a, 20));
-  Seq b(2, make_tokens(20, 1));
-  CHECK(kv->attach_cached_prefix(b.info) == 0);
-  kv->free(1);
-  CHECK(kv->stats().num_cached_blocks == 0);
-  check_all_free(*kv, layout);
+// (b) Plugins declaring `prefix_caching`: `prefix_caching: false` turns it off.
+TEST_CASE("prefix caching off never attaches") {
+  for (const Variant& v : prefix_variants(4)) {
+    CAPTURE(v.label());
+    KvLayout layout;
+    auto kv = make_kv(v, 4 * kShape.max_context, &layout, "prefix_caching: false");
+    SimPool pool(layout);
+    Seq a(1, make_tokens(20, 1));
+    REQUIRE(run_chunk(*kv, pool, a, 20));
+    Seq b(2, make_tokens(20, 1));
+    CHECK(kv->attach_cached_prefix(b.info) == 0);
+    kv->free(1);
+    CHECK(kv->stats().num_cached_blocks == 0);
+    check_all_free(*kv, layout);
+  }
 }
 
-TEST_CASE("paged: speculative mark_computed beyond the present tokens publishes only those") {
-  const Variant v{"paged", 4};
-  KvLayout layout;
-  auto kv = make_kv(v, 4 * kShape.max_context, &layout);
-  SimPool pool(layout);
-  Seq a(1, make_tokens(6, 1));
-  REQUIRE(run_chunk(*kv, pool, a, 6));
-  // Feed 1 token + 3 drafts (tokens 6..9), all accepted: computed 10 while the engine has
-  // dropped the drafts from `tokens` (7 present) and appends them after mark_computed.
-  a.append(50);
-  for (TokenId t : {51, 52, 53}) a.append(t);
-  REQUIRE(kv->allocate_slots(a.info, 4));
-  pool.apply(*kv);
-  pool.write(*kv, a, 6, 10);
-  a.tokens.resize(7);
-  a.sync();
-  a.info.num_computed_tokens = 10;
-  kv->mark_computed(a.info, 10);  // blocks 0 (tokens 0..3) and 1 (4..7 not all present)
-  for (TokenId t : {51, 52, 53}) a.append(t);
-  kv->mark_computed(a.info, 10);  // now block 1 too
-  Seq b(2, std::vector<TokenId>(a.tokens.begin(), a.tokens.begin() + 9));
-  CHECK(admit(*kv, b) == 8);
-  pool.check(*kv, b);
-  kv->free(1);
-  kv->free(2);
-  check_all_free(*kv, layout);
+// (b) Plugins declaring `prefix_caching`, at block size 4.
+TEST_CASE("prefix caching: speculative mark_computed beyond the present tokens publishes only those") {
+  for (const Variant& v : prefix_variants(4)) {
+    CAPTURE(v.label());
+    KvLayout layout;
+    auto kv = make_kv(v, 4 * kShape.max_context, &layout, "prefix_caching: true");
+    if (layout.block_size != 4) continue;  // the case is written for blocks of 4 tokens
+    SimPool pool(layout);
+    Seq a(1, make_tokens(6, 1));
+    REQUIRE(run_chunk(*kv, pool, a, 6));
+    // Feed 1 token + 3 drafts (tokens 6..9), all accepted: computed 10 while the engine has
+    // dropped the drafts from `tokens` (7 present) and appends them after mark_computed.
+    a.append(50);
+    for (TokenId t : {51, 52, 53}) a.append(t);
+    REQUIRE(kv->allocate_slots(a.info, 4));
+    pool.apply(*kv);
+    pool.write(*kv, a, 6, 10);
+    a.tokens.resize(7);
+    a.sync();
+    a.info.num_computed_tokens = 10;
+    kv->mark_computed(a.info, 10);  // blocks 0 (tokens 0..3) and 1 (4..7 not all present)
+    for (TokenId t : {51, 52, 53}) a.append(t);
+    kv->mark_computed(a.info, 10);  // now block 1 too
+    Seq b(2, std::vector<TokenId>(a.tokens.begin(), a.tokens.begin() + 9));
+    CHECK(admit(*kv, b) == 8);
+    pool.check(*kv, b);
+    kv->free(1);
+    kv->free(2);
+    check_all_free(*kv, layout);
+  }
 }
 
-TEST_CASE("paged: eviction takes plain blocks first, then cached ones least recently freed") {
+// (c) In-tree paged: its eviction order (README.md), at block size 4.
+TEST_CASE("in-tree paged: eviction takes plain blocks first, then cached ones least recently freed") {
   // 6 blocks of 4 tokens; max_context 16 needs 4.
   const Variant v{"paged", 4};
   const KvModelShape shape{2, 2, 4, 16, 4};
@@ -598,10 +871,14 @@ TEST_CASE("stress: random allocate/mark/fork/free keeps every invariant") {
   struct Dtype { const char* extra; KvModelShape shape; int64_t token_bytes; };
   for (const Dtype& dt : {Dtype{"", kShape, kTokenBytes}, Dtype{"dtype: q8_0", kShape32, kTokenBytesQ8}})
   for (const Variant& v : variants()) {
+    if (*dt.extra && !v.accepts_dtype("dtype", "q8_0")) continue;  // (b) q8_0 where declared
     CAPTURE(v.label());
-    CAPTURE(dt.extra);
+    const std::string dtype = *dt.extra ? dt.extra : "dtype: default";
+    CAPTURE(dtype);
     KvLayout layout;
-    auto kv = make_kv(v, 5 * kShape.max_context, &layout, dt.extra, dt.shape, dt.token_bytes);
+    std::string extra = dt.extra;
+    if (v.prefix_caching()) extra += std::string(extra.empty() ? "" : ", ") + "prefix_caching: true";
+    auto kv = make_kv(v, 5 * kShape.max_context, &layout, extra, dt.shape, dt.token_bytes);
     SimPool pool(layout);
     std::mt19937_64 rng(0x5eed + v.block_size);
     auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -648,7 +925,9 @@ TEST_CASE("stress: random allocate/mark/fork/free keeps every invariant") {
             admitted.insert(next_id);
             ++num_forks;
           } else {
-            CHECK(!v.is_paged());  // only a contiguous fork needs free memory
+            // A fork may fail (that child alone fails). (c) In-tree: only a contiguous fork
+            // needs free memory; a paged one never fails.
+            CHECK(!v.in_tree_paged());
           }
           ++next_id;
         }
@@ -737,6 +1016,6 @@ TEST_CASE("stress: random allocate/mark/fork/free keeps every invariant") {
                       << " failed allocations (preempted), " << num_hits << " prefix-hit tokens");
     CHECK(num_forks > 0);
     CHECK(num_failed > 0);
-    if (v.is_paged()) CHECK(num_hits > 0);
+    if (v.prefix_caching()) CHECK(num_hits > 0);  // (b) the shared stems hit
   }
 }
