@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "support/test_env.h"
@@ -74,12 +76,20 @@ inline bool declares(PluginKind kind, const std::string& name, const char* capab
   return info && info->has_capability(capability);
 }
 
-// Whether plugin kind.name declares a parameter called `param` in its schema.
-inline bool has_param(PluginKind kind, const std::string& name, const std::string& param) {
+// Parameter `param` of plugin kind.name's schema (read with the plugin's ParamSpec stride), if
+// it declares one.
+inline std::optional<ParamSpec> find_param(PluginKind kind, const std::string& name, std::string_view param) {
   const PluginInfo* info = plugin_registry().find(kind, name);
-  for (size_t i = 0; info && i < info->manifest->num_params; ++i)
-    if (param == manifest_param(*info->manifest, i).name) return true;
-  return false;
+  for (size_t i = 0; info && i < info->manifest->num_params; ++i) {
+    ParamSpec spec = manifest_param(*info->manifest, i);
+    if (param == spec.name) return spec;
+  }
+  return std::nullopt;
+}
+
+// Whether plugin kind.name declares a parameter called `param` in its schema.
+inline bool has_param(PluginKind kind, const std::string& name, std::string_view param) {
+  return find_param(kind, name, param).has_value();
 }
 
 inline std::vector<std::string> plugin_names(PluginKind kind) {

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -64,17 +65,13 @@ constexpr int64_t kTokenBytesQ8 = 272;
 // parameter enables the prefix-reuse cases. The budget is always given as `memory` (bytes, the
 // engine.kv_cache.memory every stack sets), so the suite needs that parameter.
 
-const ParamSpec* find_param(const std::string& plugin, std::string_view param) {
-  const PluginInfo* info = test::plugin_registry().find(PluginKind::kKvCache, plugin);
-  if (!info) return nullptr;
-  for (size_t i = 0; i < info->manifest->num_params; ++i)
-    if (param == info->manifest->params[i].name) return &info->manifest->params[i];
-  return nullptr;
+std::optional<ParamSpec> find_param(const std::string& plugin, std::string_view param) {
+  return test::find_param(PluginKind::kKvCache, plugin, param);
 }
 
 // Whether `plugin` has parameter `param` and (for an enum) accepts `value`.
 bool accepts(const std::string& plugin, std::string_view param, std::string_view value = {}) {
-  const ParamSpec* p = find_param(plugin, param);
+  const std::optional<ParamSpec> p = find_param(plugin, param);
   if (!p) return false;
   if (value.empty()) return true;
   if (p->type != ParamType::kEnum || !p->choices) return false;
@@ -105,7 +102,7 @@ struct Variant {
 
 // The block sizes a plugin runs at: 1, 4, 8 and 16 where its block_size parameter allows them.
 std::vector<Variant> variants_of(const std::string& plugin) {
-  const ParamSpec* bs = find_param(plugin, "block_size");
+  const std::optional<ParamSpec> bs = find_param(plugin, "block_size");
   if (!bs || bs->type != ParamType::kInt) return {{plugin, 0}};
   std::vector<Variant> out;
   for (int32_t b : {1, 4, 8, 16})
@@ -304,7 +301,7 @@ TEST_CASE("kv_cache plugins: paged and contiguous are registered; every plugin i
     CHECK_MESSAGE(std::find(names.begin(), names.end(), want) != names.end(), std::string(want) << " not found");
   for (const std::string& name : names) {
     // The suite sizes every cache through its byte budget, as every stack does.
-    const ParamSpec* memory = find_param(name, "memory");
+    const std::optional<ParamSpec> memory = find_param(name, "memory");
     CHECK_MESSAGE((memory && memory->type == ParamType::kBytes),
                   "kv_cache." << name << " has no `memory` (bytes) parameter: the suite cannot size "
                                  "its cache, so it is not tested");
