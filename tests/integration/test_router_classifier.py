@@ -9,7 +9,9 @@ and the shipped router file (data/router/router.json) behind `"model": "auto"`.
   each decision (tessera_router_decision_seconds_count);
 - the held-out figures of the router file are exported as gauges with the file's values;
 - a token-id prompt (nothing to embed) goes to `large` and counts a fallback;
-- the dashboard (headless Chromium): the per-router table (decisions, held-out misroutes),
+- client feedback (POST /v1/route_feedback) on routed responses: the verdict, bad feedback
+  refused with one clear error each, tessera_router_feedback_total and the /v1/stats window;
+- the dashboard (headless Chromium): the per-router table (decisions, live and held-out misroutes),
   the queue-time-by-arm chart, and the semantic cache's similarity-bucket bars, each checked
   against /metrics.
 """
@@ -18,6 +20,7 @@ import os
 import sys
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -130,6 +133,76 @@ class ClassifierRouterTest(unittest.TestCase):
         after = dash.labelled(dash.parse_metrics(SERVER.metrics()), "tessera_router_fallbacks_total", router="auto")
         self.assertEqual(after - before, 1)
 
+    def test_4b_route_feedback_counts_live_misroutes(self):
+        """POST /v1/route_feedback: a client names the deployment that should have answered a
+        routed response (here: the labelled set's label, the large model only where it alone
+        answered correctly); a different one is a live misroute."""
+        with open(os.path.join(h.SOURCE_DIR, "data", "router", "labelled.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+        picked = [r for r in rows if r["label"] == "large"][:2] + [r for r in rows if r["label"] == "small"][:4]
+        self.assertGreaterEqual(len(picked), 5)
+        before = dash.parse_metrics(SERVER.metrics())
+        expected = {}  # (arm, verdict) -> count
+        for r in picked:
+            body, headers = chat(r["prompt"])
+            routed = headers["x-tessera-route"].split("=", 1)[1]
+            verdict, _ = post("/v1/route_feedback", {"id": body["id"], "better_model": r["label"]})
+            self.assertEqual(verdict["routed_to"], routed)
+            self.assertEqual(verdict["router"], "auto")
+            self.assertEqual(verdict["misroute"], routed != r["label"], r["prompt"])
+            key = (routed, "misroute" if routed != r["label"] else "right")
+            expected[key] = expected.get(key, 0) + 1
+        # The token-id prompt goes to large (the fallback); a client says small would do.
+        body, _ = post("/v1/completions", {"model": "auto", "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0})
+        self.assertEqual(body["model"], "large")
+        verdict, _ = post("/v1/route_feedback", {"id": body["id"], "better_model": "small"})
+        self.assertTrue(verdict["misroute"])
+        expected[("large", "misroute")] = expected.get(("large", "misroute"), 0) + 1
+
+        # Bad feedback: one clear error each, nothing counted.
+        def refused(payload, status, words):
+            req = urllib.request.Request(SERVER.url + "/v1/route_feedback", data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with self.assertRaises(urllib.error.HTTPError) as ctx:
+                urllib.request.urlopen(req, timeout=60)
+            self.assertEqual(ctx.exception.code, status, payload)
+            message = json.load(ctx.exception)["error"]["message"]
+            self.assertIn(words, message)
+        refused({"id": body["id"], "better_model": "small"}, 409, "already recorded")
+        refused({"id": "chatcmpl-nope", "better_model": "small"}, 404, "no routed response 'chatcmpl-nope'")
+        refused({"id": body["id"], "better_model": "medium"}, 400, "better_model: 'medium' is not a deployment")
+        refused({"better_model": "small"}, 400, "id: expected the id of a routed response")
+        refused({"id": body["id"], "better_model": "small", "score": 3}, 400, "unknown field 'score'")
+        plain, _ = post("/v1/chat/completions", {"model": "small", "messages": [{"role": "user", "content": "Hi"}],
+                                                 "max_tokens": 1})
+        refused({"id": plain["id"], "better_model": "large"}, 404, "only requests to a router are recorded")
+
+        after = dash.parse_metrics(SERVER.metrics())
+        for (arm, verdict), n in expected.items():
+            delta = dash.labelled(after, "tessera_router_feedback_total", router="auto", arm=arm, verdict=verdict) - \
+                dash.labelled(before, "tessera_router_feedback_total", router="auto", arm=arm, verdict=verdict)
+            self.assertEqual(delta, n, (arm, verdict))
+        self.assertEqual(dash.labelled(after, "tessera_router_feedback_total", router="auto") -
+                         dash.labelled(before, "tessera_router_feedback_total", router="auto"), len(picked) + 1)
+        # /v1/stats: the window's feedback and misroutes per router and arm, as counted.
+        deadline = time.time() + 30
+        while True:
+            with urllib.request.urlopen(SERVER.url + "/v1/stats?window=900", timeout=30) as r:
+                router = json.load(r)["routers"][0]
+            if router.get("window_feedback", 0) >= len(picked) + 1 or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        total = dash.labelled(after, "tessera_router_feedback_total", router="auto")
+        misroutes = dash.labelled(after, "tessera_router_feedback_total", router="auto", verdict="misroute")
+        self.assertEqual(router["window_feedback"], total)
+        self.assertEqual(router["window_misroutes"], misroutes)
+        self.assertAlmostEqual(router["window_misroute_rate"], misroutes / total, 9)
+        for a in router["arms"]:
+            self.assertEqual(a["misroutes_total"],
+                             dash.labelled(after, "tessera_router_feedback_total", router="auto", arm=a["name"],
+                                           verdict="misroute"))
+        print("feedback:", expected)
+
     def test_5_dashboard_router_and_semantic_panels_match_metrics(self):
         # A semantic hit: the question with extra whitespace (another exact key, the same
         # WordPiece tokens, so similarity 1 and the same route: the router's text features
@@ -179,6 +252,21 @@ class ClassifierRouterTest(unittest.TestCase):
             self.assertAlmostEqual(float(scan.by_id[f"router-0-{cell}"]["data-value"]),
                                    dash.labelled(after, "tessera_router_heldout_misroute_rate", router="auto", kind=kind),
                                    6)
+        # Live misroutes (test_4b's feedback): the router's cells and the arm table's columns as
+        # /metrics counts them, and the misroutes-by-arm chart has points.
+        fb = "tessera_router_feedback_total"
+        total = dash.labelled(after, fb, router="auto")
+        self.assertGreater(total, 0)
+        self.assertEqual(float(scan.by_id["router-0-feedback"]["data-value"]), total)
+        self.assertAlmostEqual(float(scan.by_id["router-0-live-misroute-rate"]["data-value"]),
+                               dash.labelled(after, fb, router="auto", verdict="misroute") / total, 6)
+        misroute_cells = [k for k in scan.by_id if k.startswith("arm-") and k.endswith("-misroutes")]
+        self.assertTrue(misroute_cells)
+        for k in misroute_cells:
+            arm = scan.by_id[k[:-len("-misroutes")]]["data-name"].split("=", 1)[1]
+            self.assertEqual(float(scan.by_id[k]["data-value"]), dash.labelled(after, fb, router="auto", arm=arm,
+                                                                                verdict="misroute"), k)
+        self.assertGreater(int(scan.by_id["chart-arm-misroutes"]["data-points"]), 0)
         # Queue time by arm: a line with points per arm, and the arm table's queue column.
         self.assertGreater(int(scan.by_id["chart-arm-queue"]["data-points"]), 0)
         arms = {scan.by_id[k]["data-name"] for k in scan.by_id if k.startswith("arm-") and k.count("-") == 1}

@@ -130,6 +130,11 @@ void ServerMetrics::count_route(const std::string& router, const std::string& ar
 void ServerMetrics::observe_arm(const std::string& router, const std::string& arm, const RequestTimings& t) {
   observe_latencies(by_arm_[{router, arm}], t);
 }
+void ServerMetrics::count_route_feedback(const std::string& router, const std::string& arm, bool misroute) {
+  RouteFeedback& f = route_feedback_[{router, arm}];
+  ++f.total;
+  if (misroute) ++f.misroutes;
+}
 void ServerMetrics::observe_route_decision(const std::string& router, double seconds) {
   // From a hash (microseconds) to an embedding forward on a loaded CPU (tens of milliseconds).
   auto it = route_decision_.find(router);
@@ -223,6 +228,16 @@ std::string ServerMetrics::render(const EngineStats& e) const {
     for (const auto& [k, n] : routed_)
       out += "tessera_router_requests_total{" + label("router", k.first) + "," + label("arm", k.second) + "} " +
              std::to_string(n) + "\n";
+  }
+  if (!route_feedback_.empty()) {
+    header(&out, "tessera_router_feedback_total", "counter",
+           "Client feedback on routed responses (POST /v1/route_feedback), by router, the arm that answered, "
+           "and verdict (right: the feedback named that arm; misroute: another deployment).");
+    for (const auto& [k, f] : route_feedback_)
+      for (const auto& [verdict, n] : {std::pair<const char*, uint64_t>{"right", f.total - f.misroutes},
+                                       std::pair<const char*, uint64_t>{"misroute", f.misroutes}})
+        out += "tessera_router_feedback_total{" + label("router", k.first) + "," + label("arm", k.second) + "," +
+               label("verdict", verdict) + "} " + std::to_string(n) + "\n";
   }
   if (!route_decision_.empty()) {
     header(&out, "tessera_router_decision_seconds", "histogram",

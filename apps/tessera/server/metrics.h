@@ -56,6 +56,9 @@ class ServerMetrics {
   void observe_arm(const std::string& router, const std::string& arm, const RequestTimings& timings);
   // How long a router took to choose (with the prompt's embedding when the router needs one).
   void observe_route_decision(const std::string& router, double seconds);
+  // A client's verdict on a routed response (POST /v1/route_feedback): `misroute` when it named
+  // another deployment than the arm that answered.
+  void count_route_feedback(const std::string& router, const std::string& arm, bool misroute);
 
   std::string render(const EngineStats& engine) const;
   // Each deployment's engine gauges, labelled deployment= (render() has the first's unlabelled).
@@ -82,6 +85,13 @@ class ServerMetrics {
   const std::map<std::pair<std::string, std::string>, Latencies>& arm_latencies() const { return by_arm_; }
   const std::map<std::pair<std::string, std::string>, uint64_t>& routed() const { return routed_; }
   const std::map<std::string, Histogram>& route_decisions() const { return route_decision_; }
+  struct RouteFeedback {
+    uint64_t total = 0;      // feedback on responses this arm answered
+    uint64_t misroutes = 0;  // of which named another deployment
+  };
+  const std::map<std::pair<std::string, std::string>, RouteFeedback>& route_feedback() const {
+    return route_feedback_;
+  }
   const std::map<std::tuple<std::string, std::string, std::string>, uint64_t>& cache_requests() const {
     return cache_;
   }
@@ -98,6 +108,7 @@ class ServerMetrics {
   std::map<std::pair<std::string, std::string>, Latencies> by_arm_;      // (router, arm)
   std::map<std::pair<std::string, std::string>, uint64_t> routed_;       // (router, arm)
   std::map<std::string, Histogram> route_decision_;                      // by router
+  std::map<std::pair<std::string, std::string>, RouteFeedback> route_feedback_;  // (router, arm)
   std::map<std::tuple<std::string, std::string, std::string>, uint64_t> cache_;  // (deployment, result, tier)
 };
 

@@ -805,7 +805,7 @@ std::string OpenAiService::endpoint_label(std::string_view target) {
   // Metric labels only for known routes: arbitrary paths must not grow the label set.
   static const char* kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
                                   "/metrics",        "/tokenize",            "/detokenize", "/v1/stats",
-                                  "/dashboard",      "/v1/embeddings"};
+                                  "/dashboard",      "/v1/embeddings",       "/v1/route_feedback"};
   for (const char* r : kRoutes)
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
@@ -896,7 +896,8 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
   }
   const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
   const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/models" ||
-                     path.rfind("/v1/models/", 0) == 0 || tokenizer_route || path == "/v1/embeddings";
+                     path.rfind("/v1/models/", 0) == 0 || tokenizer_route || path == "/v1/embeddings" ||
+                     path == "/v1/route_feedback";
   if (!known) {
     return reply_error(channel, endpoint, http::status::not_found, "no route for " + path,
                        "invalid_request_error", "", "unknown_url");
@@ -934,6 +935,7 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
   if (path == "/tokenize") return handle_tokenize(req, channel, endpoint);
   if (path == "/detokenize") return handle_detokenize(req, channel, endpoint);
   if (path == "/v1/embeddings") return handle_embeddings(req, channel, endpoint);
+  if (path == "/v1/route_feedback") return handle_route_feedback(req, channel, endpoint);
   handle_generation(req, channel, endpoint, path == "/v1/chat/completions");
 }
 
@@ -1294,6 +1296,8 @@ void OpenAiService::submit_generation(PendingGeneration& g, const std::shared_pt
   call->channel = channel;
   call->endpoint = endpoint;
   call->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  // Feedback may later name the deployment that should have answered (/v1/route_feedback).
+  if (routed) route_ledger_.record(call->id, call->router, call->arm);
   call->created = unix_now();
   if (current_) call->access = *current_;
   call->choices.resize(prompts.size() * static_cast<size_t>(spec->n));

@@ -16,6 +16,7 @@
 
 #include "http_server.h"
 #include "metrics.h"
+#include "route_feedback.h"
 #include "tessera/config.h"
 #include "tessera/engine.h"
 #include "tessera/gateway/gateway.h"
@@ -96,6 +97,10 @@ class OpenAiService : public HttpHandler {
   void handle_embeddings(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
                          const std::string& endpoint);
   nlohmann::json embedding_model_card() const;
+  // POST /v1/route_feedback (route_feedback.cpp): which deployment should have answered a
+  // routed response; counts live misroutes.
+  void handle_route_feedback(const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel,
+                             const std::string& endpoint);
   // The body as a JSON object, or an error answered (and std::nullopt).
   std::optional<nlohmann::json> read_json_object(const HttpRequest& request,
                                                  const std::shared_ptr<ResponseChannel>& channel,
@@ -125,6 +130,7 @@ class OpenAiService : public HttpHandler {
   std::optional<AccessRecord> current_;
   uint64_t next_call_ = 1;
   std::map<uint64_t, std::weak_ptr<GenerationCall>> calls_;
+  RouteLedger route_ledger_;  // the arm of each recent routed response, for route feedback
   const StatsRecorder* stats_ = nullptr;
 };
 

@@ -281,6 +281,10 @@ StatsSample take_stats_sample(const ServerMetrics& m, const std::vector<std::str
     }
   }
   for (const auto& [key, n] : m.routed()) s.arms[key].requests = n;
+  for (const auto& [key, f] : m.route_feedback()) {
+    s.arms[key].feedback = f.total;
+    s.arms[key].misroutes = f.misroutes;
+  }
   for (const auto& [key, l] : m.arm_latencies()) {
     ArmSample& a = s.arms[key];
     a.queue_time = snapshot(l.queue_time);
@@ -504,10 +508,19 @@ std::string StatsRecorder::render(const StatsQuery& query) const {
       json& r = routers.back();
       const ArmSample& b = arm_of(base, key);
       const uint64_t w_requests = a.requests - b.requests;
+      const uint64_t w_feedback = a.feedback - b.feedback, w_misroutes = a.misroutes - b.misroutes;
+      r["window_feedback"] = r.value("window_feedback", uint64_t{0}) + w_feedback;
+      r["window_misroutes"] = r.value("window_misroutes", uint64_t{0}) + w_misroutes;
       r["arms"].push_back({{"name", key.second},
                            {"requests_total", a.requests},
+                           {"feedback_total", a.feedback},
+                           {"misroutes_total", a.misroutes},
                            {"window",
                             {{"requests", w_requests},
+                             {"feedback", w_feedback},
+                             {"misroutes", w_misroutes},
+                             {"misroute_rate", number_or_null(ratio(static_cast<double>(w_misroutes),
+                                                                    static_cast<double>(w_feedback)))},
                              {"share", number_or_null(ratio(static_cast<double>(w_requests),
                                                             static_cast<double>(r["window_requests"].get<uint64_t>())))},
                              {"latency",
@@ -518,6 +531,9 @@ std::string StatsRecorder::render(const StatsQuery& query) const {
     }
     for (json& r : routers) {
       const std::string name = r["name"].get<std::string>();
+      // Live misroutes: the share of responses with feedback whose feedback named another arm.
+      r["window_misroute_rate"] = number_or_null(ratio(static_cast<double>(r.value("window_misroutes", uint64_t{0})),
+                                                       static_cast<double>(r.value("window_feedback", uint64_t{0}))));
       // Decision latency (tessera_router_decision_seconds) and the router's own gauges (a
       // classifier's held-out figures from its training: measured offline, not live).
       const auto d = live.route_decision.find(name);
@@ -649,6 +665,7 @@ std::string StatsRecorder::render(const StatsQuery& query) const {
       const ArmSample& x = arm_of(s, key);
       const ArmSample& xb = arm_of(pb, key);
       c.put("requests_per_s", per_s(x.requests, xb.requests));
+      c.put("misroutes", has_prev ? static_cast<double>(x.misroutes - xb.misroutes) : kNaN);
       c.put("share", has_prev ? delta_ratio(x.requests, xb.requests, routed_total(s, key.first), routed_total(pb, key.first))
                               : kNaN);
       put_latency(c, "queue", x.queue_time, xb.queue_time);

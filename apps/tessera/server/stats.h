@@ -47,6 +47,7 @@ struct DeploymentSample {
 // One router arm's part: requests routed to it, and its model-served latencies.
 struct ArmSample {
   uint64_t requests = 0;
+  uint64_t feedback = 0, misroutes = 0;  // tessera_router_feedback_total (all, misroute)
   HistogramSnapshot queue_time, ttft, tpot;
 };
 
