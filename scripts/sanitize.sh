@@ -4,8 +4,11 @@
 #   scripts/sanitize.sh quick   ASan+UBSan: the unit, conformance and protocol suites and the
 #                               CLI error cases (12m42s build + 2 min tests with -j2 on 2 idle
 #                               cores, ccache partly warm); scripts/test.sh runs it
-#   scripts/sanitize.sh asan    ASan+UBSan: every test but the CUDA ones
-#   scripts/sanitize.sh tsan    TSan: the threaded ones (thread pool, engine, server)
+#   scripts/sanitize.sh asan    ASan+UBSan: every test but the CUDA ones (19.5 min build with
+#                               -j2 on a busy 2-vCPU machine; the tests take hours there: the
+#                               engine invariance test alone 22 min, docs/benchmarks.md)
+#   scripts/sanitize.sh tsan    TSan: the threaded ones (thread pool, engine, server); builds
+#                               only what they run (22 min with -j1 beside another build)
 #   scripts/sanitize.sh all     asan then tsan
 # Extra arguments go to ctest. Builds into ${TESSERA_BUILD_DIR:-build}-asan / -tsan.
 set -euo pipefail
