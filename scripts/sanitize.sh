@@ -4,8 +4,11 @@
 #   scripts/sanitize.sh quick   ASan+UBSan: the unit, conformance and protocol suites and the
 #                               CLI error cases (12m42s build + 2 min tests with -j2 on 2 idle
 #                               cores, ccache partly warm); scripts/test.sh runs it
-#   scripts/sanitize.sh asan    ASan+UBSan: every test but the CUDA ones
-#   scripts/sanitize.sh tsan    TSan: the threaded ones (thread pool, engine, server)
+#   scripts/sanitize.sh asan    ASan+UBSan: every test but the CUDA ones (19.5 min build with
+#                               -j2 on a busy 2-vCPU machine; the tests take hours there: the
+#                               engine invariance test alone 22 min, docs/benchmarks.md)
+#   scripts/sanitize.sh tsan    TSan: the threaded ones (thread pool, engine, server); builds
+#                               only what they run (22 min with -j1 beside another build)
 #   scripts/sanitize.sh all     asan then tsan
 # Extra arguments go to ctest. Builds into ${TESSERA_BUILD_DIR:-build}-asan / -tsan.
 set -euo pipefail
@@ -19,6 +22,10 @@ base=${TESSERA_BUILD_DIR:-$root/build}
 quick_tests='^(unit_|conformance_|integration_cli_errors$)'
 # Tests whose point is threads: the pool, the engine loop, the HTTP server.
 tsan_tests='^(unit_test_ggml_math|conformance_test_scheduler_conformance|integration_test_engine_invariance|integration_server_robustness|integration_server_openai)$'
+# What those need (the app, every in-tree plugin, the three test executables): the TSan pass
+# builds only these, not the whole tree.
+tsan_targets=(tessera tessera_plugins unit_test_ggml_math conformance_test_scheduler_conformance
+              integration_test_engine_invariance)
 
 # -O1 with minimal debug info (-g1: line tables): what the sanitizers' docs recommend (fast
 # enough to run the kernels, readable stacks) and much quicker to compile than -O2 -g.
@@ -53,10 +60,10 @@ run() {  # run DIR REGEX [ctest args]
 case "$mode" in
   quick) build "$base-asan" address,undefined && run "$base-asan" "$quick_tests" "$@" ;;
   asan) build "$base-asan" address,undefined && run "$base-asan" '.' -E '^cuda' "$@" ;;
-  tsan) build "$base-tsan" thread && run "$base-tsan" "$tsan_tests" "$@" ;;
+  tsan) build "$base-tsan" thread "${tsan_targets[@]}" && run "$base-tsan" "$tsan_tests" "$@" ;;
   all)
     build "$base-asan" address,undefined && run "$base-asan" '.' -E '^cuda' "$@"
-    build "$base-tsan" thread && run "$base-tsan" "$tsan_tests" "$@"
+    build "$base-tsan" thread "${tsan_targets[@]}" && run "$base-tsan" "$tsan_tests" "$@"
     ;;
   *) echo "usage: scripts/sanitize.sh [quick|asan|tsan|all] [ctest args]" >&2; exit 2 ;;
 esac

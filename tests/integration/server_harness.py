@@ -20,6 +20,14 @@ BUILD_DIR = os.environ.get("TESSERA_BUILD_DIR", os.path.join(SOURCE_DIR, "build"
 TESSERA = os.path.join(BUILD_DIR, "bin", "tessera")
 DEFAULT_STACK = os.path.join(SOURCE_DIR, "configs", "smollm2-cpu.yaml")
 SKIP = 77
+# A sanitizer build (scripts/sanitize.sh sets TESSERA_SANITIZER) runs the server 2-15x slower:
+# client-side request timeouts grow by the factor ctest's TIMEOUTs get there (x4).
+TIMEOUT_SCALE = 4 if os.environ.get("TESSERA_SANITIZER") else 1
+
+
+def request_timeout(seconds):
+    """A client timeout of `seconds` in a plain build, scaled in a sanitizer build."""
+    return seconds * TIMEOUT_SCALE
 
 
 def skip_or_fail(reason):
@@ -106,7 +114,8 @@ class Server:
     def openai_client(self, api_key="none", timeout=120):
         """The official client against this server, without retries (a failure shows at once)."""
         import openai
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=timeout)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0,
+                             timeout=request_timeout(timeout))
 
     def metrics(self):
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:

@@ -63,7 +63,8 @@ class LangChainBatch(unittest.TestCase):
         usage = result.llm_output["token_usage"]
         self.assertEqual(usage["completion_tokens"], sum(
             httpx.post(SERVER.url + "/v1/completions", json={"model": MODEL, "prompt": p, "max_tokens": 8,
-                                                             "temperature": 0}).json()["usage"]["completion_tokens"]
+                                                             "temperature": 0},
+                       timeout=h.request_timeout(120)).json()["usage"]["completion_tokens"]
             for p in PROMPTS))
 
     def test_stream(self):

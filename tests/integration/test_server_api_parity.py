@@ -44,11 +44,11 @@ def tearDownModule():
 
 
 def client():
-    return openai.OpenAI(base_url=SERVER.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=SERVER.url + "/v1", api_key=KEY, max_retries=0, timeout=h.request_timeout(120))
 
 
 def post(path, body):
-    return httpx.post(SERVER.url + path, json=body, headers=AUTH, timeout=120)
+    return httpx.post(SERVER.url + path, json=body, headers=AUTH, timeout=h.request_timeout(120))
 
 
 def tokenize(**body):
@@ -107,7 +107,7 @@ class BatchedPrompts(unittest.TestCase):
     def test_a_client_leaving_a_streamed_batch_cancels_every_prompt(self):
         before = SERVER.metric("tessera_requests_cancelled_by_client_total")
         body = {"model": MODEL, "prompt": PROMPTS, "n": 2, "max_tokens": 400, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", SERVER.url + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
+        with httpx.stream("POST", SERVER.url + "/v1/completions", json=body, headers=AUTH, timeout=h.request_timeout(120)) as r:
             self.assertEqual(r.status_code, 200)
             events = 0
             for line in r.iter_lines():

@@ -63,12 +63,12 @@ def llama_cpp_inputs(vocab):
 
 def export(model, out_dir):
     return subprocess.run([h.TESSERA, "tokenizer", "export", model, os.path.join(out_dir, "tokenizer.json")],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=h.request_timeout(300))
 
 
 def tessera_ids(model, text):
     out = subprocess.run([h.TESSERA, "tokenize", "-m", model, "--add-special", "--parse-special", "--text", text],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=h.request_timeout(60))
     assert out.returncode == 0, out.stderr
     return [int(x) for x in out.stdout.split()]
 

@@ -675,6 +675,18 @@ class CallSink : public RequestSink {
   CallSink(std::shared_ptr<GenerationCall> call, boost::asio::any_io_executor executor, int32_t prompt)
       : call_(std::move(call)), executor_(std::move(executor)), prompt_(prompt) {}
 
+  // The engine thread (or a cache worker) usually drops the last reference to the sink, and
+  // the call must not die there: it owns the HTTP session, whose destructor takes it out of
+  // the server's session set, which only the io thread may touch (a data race TSan found in
+  // integration_server_robustness; in a busy server, a torn std::set). The io thread drops it.
+  ~CallSink() override {
+    try {
+      boost::asio::post(executor_, [call = std::move(call_)]() mutable { call.reset(); });
+    } catch (...) {
+      // Out of memory for the handler: nothing better than dropping it here.
+    }
+  }
+
   void on_start(const ServedBy& served) override {
     boost::asio::post(executor_, [call = call_, served, prompt = prompt_] {
       try {

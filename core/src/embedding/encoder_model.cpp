@@ -74,8 +74,9 @@ struct Linear {
   int32_t in = 0, out = 0;
 };
 
-__attribute__((target_clones("arch=haswell", "default")))
-void linear_range(const Linear& l, const float* x, int64_t rows, float* y, int64_t o_begin, int64_t o_end) {
+// The body of linear_range, compiled twice below: with AVX2+FMA and portable.
+[[gnu::always_inline]] inline void linear_range_body(const Linear& l, const float* x, int64_t rows,
+                                                     float* y, int64_t o_begin, int64_t o_end) {
   const int32_t n = l.in;
   for (int64_t o = o_begin; o < o_end; ++o) {
     const float* w = l.w + o * n;
@@ -115,6 +116,29 @@ void linear_range(const Linear& l, const float* x, int64_t rows, float* y, int64
       y[t * l.out + o] = s + (l.b ? l.b[o] : 0.0f);
     }
   }
+}
+
+__attribute__((target("avx2,fma"))) void linear_range_avx2(const Linear& l, const float* x, int64_t rows,
+                                                          float* y, int64_t o_begin, int64_t o_end) {
+  linear_range_body(l, x, rows, y, o_begin, o_end);
+}
+
+void linear_range_portable(const Linear& l, const float* x, int64_t rows, float* y, int64_t o_begin,
+                           int64_t o_end) {
+  linear_range_body(l, x, rows, y, o_begin, o_end);
+}
+
+// Chosen at run time by a plain branch, not by target_clones: that makes an IFUNC whose
+// resolver (instrumented code) runs while the dynamic loader relocates libtessera_core, before
+// ThreadSanitizer's runtime is initialized, so every TSan binary crashed at load. (Its
+// "arch=haswell" clone was also only taken on CPUs that identify as Haswell, never on newer
+// ones with AVX2.)
+void linear_range(const Linear& l, const float* x, int64_t rows, float* y, int64_t o_begin, int64_t o_end) {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2) return linear_range_avx2(l, x, rows, y, o_begin, o_end);
+#endif
+  linear_range_portable(l, x, rows, y, o_begin, o_end);
 }
 
 void linear(ThreadPool& pool, const Linear& l, const float* x, int64_t rows, float* y) {
