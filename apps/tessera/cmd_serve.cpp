@@ -121,7 +121,9 @@ void run_serve(const ServeOptions& opt) {
   bool cancelled = false;
   std::function<void()> poll_shutdown = [&] {
     const auto now = std::chrono::steady_clock::now();
-    const bool idle = service.in_flight() == 0 && service.open_calls() == 0;
+    // Idle once every response is complete and on the wire: close_all() would cut off a
+    // response whose last bytes are still queued (a finished stream's final chunk).
+    const bool idle = service.in_flight() == 0 && service.open_calls() == 0 && !http.writes_pending();
     if (idle || now >= deadline + std::chrono::seconds(2)) {
       if (!idle) spdlog::warn("serve: {} requests still open at exit", service.open_calls());
       http.close_all();

@@ -132,6 +132,9 @@ HttpResponse make_error_response(http::status status, const std::string& message
 // the current phase has; when it fires the socket closes and the pending operations end.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
+  // Response bytes queued or being written (HttpServer::writes_pending).
+  bool writes_pending() const { return !closed_ && (writing_ || !outbox_.empty()); }
+
   HttpSession(tcp::socket socket, HttpServer& server)
       : socket_(std::move(socket)), deadline_(socket_.get_executor()), server_(server),
         config_(server.config_), sessions_(server.sessions_) {
@@ -544,6 +547,12 @@ void HttpServer::stop_accepting() {
   error_code ec;
   acceptor_.close(ec);
   for (HttpSession* s : std::set<HttpSession*>(*sessions_)) s->drain();
+}
+
+bool HttpServer::writes_pending() const {
+  for (const HttpSession* s : *sessions_)
+    if (s->writes_pending()) return true;
+  return false;
 }
 
 void HttpServer::close_all() {

@@ -76,6 +76,9 @@ class HttpServer {
   void stop_accepting();
   // Second half: closes every connection now.
   void close_all();
+  // Whether a connection still has response bytes queued or being written (a response the
+  // service finished is not on the wire yet: closing now would cut it short).
+  bool writes_pending() const;
   size_t num_connections() const { return sessions_->size(); }
 
  private:
