@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
 import server_harness as h  # noqa: E402
+from load_test import percentile as pct  # noqa: E402  (bench/, this script's folder)
 
 MODEL = "smollm2-135m-instruct-q4_1"
 WORDS = ("river stone lantern orchard copper meadow harbor candle violet thunder ember willow "
@@ -32,15 +33,6 @@ def prompt(i, n_tokens):
     # ~1.3 tokens per word for these words; the header makes every prompt unique.
     words = [WORDS[(i * 7 + k) % len(WORDS)] for k in range(int(n_tokens / 1.3))]
     return f"Request {i}. Read the list and name the most frequent word.\n" + " ".join(words) + "\nAnswer:"
-
-
-def pct(v, p):
-    if not v:
-        return float("nan")
-    s = sorted(v)
-    k = (len(s) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def run_load(url, args):

@@ -189,12 +189,16 @@ const ArmSample& arm_of(const StatsSample& s, const std::pair<std::string, std::
   return it == s.arms.end() ? kEmptyArm : it->second;
 }
 
-// Requests of the router `router` (all its arms) in a sample.
-uint64_t routed_total(const StatsSample& s, const std::string& router) {
+// A counter of ArmSample (requests, feedback, misroutes) summed over the arms of `router`.
+uint64_t arm_total(const StatsSample& s, const std::string& router, uint64_t ArmSample::*counter) {
   uint64_t n = 0;
   for (const auto& [key, a] : s.arms)
-    if (key.first == router) n += a.requests;
+    if (key.first == router) n += a.*counter;
   return n;
+}
+// Requests of the router `router` (all its arms) in a sample.
+uint64_t routed_total(const StatsSample& s, const std::string& router) {
+  return arm_total(s, router, &ArmSample::requests);
 }
 
 // Cache lookups of a sample matching `result` ("hit", "miss" or empty: any) and `tier`
@@ -509,8 +513,6 @@ std::string StatsRecorder::render(const StatsQuery& query) const {
       const ArmSample& b = arm_of(base, key);
       const uint64_t w_requests = a.requests - b.requests;
       const uint64_t w_feedback = a.feedback - b.feedback, w_misroutes = a.misroutes - b.misroutes;
-      r["window_feedback"] = r.value("window_feedback", uint64_t{0}) + w_feedback;
-      r["window_misroutes"] = r.value("window_misroutes", uint64_t{0}) + w_misroutes;
       r["arms"].push_back({{"name", key.second},
                            {"requests_total", a.requests},
                            {"feedback_total", a.feedback},
@@ -532,8 +534,13 @@ std::string StatsRecorder::render(const StatsQuery& query) const {
     for (json& r : routers) {
       const std::string name = r["name"].get<std::string>();
       // Live misroutes: the share of responses with feedback whose feedback named another arm.
-      r["window_misroute_rate"] = number_or_null(ratio(static_cast<double>(r.value("window_misroutes", uint64_t{0})),
-                                                       static_cast<double>(r.value("window_feedback", uint64_t{0}))));
+      const uint64_t w_feedback = arm_total(live, name, &ArmSample::feedback) - arm_total(base, name, &ArmSample::feedback);
+      const uint64_t w_misroutes =
+          arm_total(live, name, &ArmSample::misroutes) - arm_total(base, name, &ArmSample::misroutes);
+      r["window_feedback"] = w_feedback;
+      r["window_misroutes"] = w_misroutes;
+      r["window_misroute_rate"] =
+          number_or_null(ratio(static_cast<double>(w_misroutes), static_cast<double>(w_feedback)));
       // Decision latency (tessera_router_decision_seconds) and the router's own gauges (a
       // classifier's held-out figures from its training: measured offline, not live).
       const auto d = live.route_decision.find(name);
