@@ -141,6 +141,8 @@ struct DecodeSteps {
   std::vector<double> step_ms;
   double constraint_seconds = 0;  // EngineStats::constraint_seconds over the timed steps
   uint64_t masked_rows = 0;
+  double prepare_seconds = 0;  // EngineStats::constraint_prepare_seconds (beside the forward)
+  uint64_t prepared_masks = 0;
 };
 DecodeSteps time_decode_steps(Engine& engine, const Tokenizer& tok, int batch, int steps, int prompt_tokens,
                               uint64_t seed, const std::shared_ptr<const CompiledConstraint>& constraint,

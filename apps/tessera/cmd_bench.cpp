@@ -338,6 +338,8 @@ bench::DecodeSteps bench::time_decode_steps(Engine& engine, const Tokenizer& tok
       d.step_ms.push_back(ms);
       d.constraint_seconds += s.constraint_seconds - before.constraint_seconds;
       d.masked_rows += s.num_masked_rows - before.num_masked_rows;
+      d.prepare_seconds += s.constraint_prepare_seconds - before.constraint_prepare_seconds;
+      d.prepared_masks += s.num_prepared_masks - before.num_prepared_masks;
     }
   }
   for (uint64_t id : ids) engine.cancel(id);

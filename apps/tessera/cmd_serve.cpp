@@ -115,6 +115,10 @@ void run_serve(const ServeOptions& opt) {
 
   // Graceful shutdown, polled: in-flight requests get shutdown_timeout to finish, then are
   // cancelled; the process exits once every response is written or a last grace period ends.
+  // A cancelled request ends at its engine step's boundary, so the grace must outlast one
+  // step (a 512-token prefill chunk takes seconds on a slow or sanitizer-built CPU); it only
+  // bounds an engine that never answers.
+  constexpr auto kCancelGrace = std::chrono::seconds(10);
   net::signal_set signals(io, SIGINT, SIGTERM);
   net::steady_timer shutdown_timer(io);
   std::chrono::steady_clock::time_point deadline;
@@ -124,7 +128,7 @@ void run_serve(const ServeOptions& opt) {
     // Idle once every response is complete and on the wire: close_all() would cut off a
     // response whose last bytes are still queued (a finished stream's final chunk).
     const bool idle = service.in_flight() == 0 && service.open_calls() == 0 && !http.writes_pending();
-    if (idle || now >= deadline + std::chrono::seconds(2)) {
+    if (idle || now >= deadline + kCancelGrace) {
       if (!idle) spdlog::warn("serve: {} requests still open at exit", service.open_calls());
       http.close_all();
       io.stop();

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/logit_mask.h"
 #include "tessera/token_logprobs.h"
 
 namespace tessera {
@@ -37,6 +39,8 @@ struct Engine::Sequence {
   int32_t num_cached_prompt_tokens = 0;
   SamplerState sampler_state;
   std::unique_ptr<ConstraintMatcher> matcher;  // structured output; null: unconstrained
+  // This step's mask, prepared while the forward ran (index into prepared_masks_), or -1.
+  int32_t prepared_mask = -1;
   Draft draft;                   // the pending drafts (tokens also at the end of `tokens`)
   AcceptanceEstimate acceptance;  // of this sequence's drafts, for adaptive drafting
   // A drafter was asked for this sequence's drafts before. Its first call for a sequence can
@@ -615,7 +619,15 @@ bool Engine::run_phases() {
   const bool did_work = !runner_batch_.empty() || !plan_.rejected.empty() || !finished_.empty();
   if (!runner_batch_.empty()) {
     const double t0 = now();
-    st = forward();
+    prepare_masks();
+    {
+      // Joined however the forward ends: the helper uses this step's sequences.
+      struct JoinMasks {
+        Engine* engine;
+        ~JoinMasks() { engine->wait_for_masks(); }
+      } join{this};
+      st = forward();
+    }
     if (st.is_ok()) sample_batch();
     else
       for (Sequence* seq : batch_sequences_) finish(*seq, FinishReason::kError, st);
@@ -797,7 +809,15 @@ Status Engine::pick_tokens(Sequence& seq, float* first_row, std::vector<SampledT
   const int32_t num_drafts = seq.info.num_draft_tokens;
   if (num_drafts == 0) {
     out->emplace_back();
-    if (seq.matcher) {
+    if (seq.matcher && seq.prepared_mask >= 0) {
+      const PreparedMask& m = prepared_masks_[static_cast<size_t>(seq.prepared_mask)];
+      seq.prepared_mask = -1;
+      if (!m.status.is_ok()) return Status(m.status.code(), "constraint: " + m.status.message());
+      const double t0 = now();
+      Status st = apply_mask(m.words, first_row);
+      stats_.constraint_seconds += now() - t0;
+      if (!st.is_ok()) return st;
+    } else if (seq.matcher) {
       Status st = mask_row(*seq.matcher, first_row);
       if (!st.is_ok()) return st;
     }
@@ -955,30 +975,70 @@ void Engine::propose_drafts() {
   if (!first_call) draft_cost_.record(static_cast<int32_t>(proposed), draft_seconds);
 }
 
+void Engine::prepare_masks() {
+  num_prepared_masks_ = 0;
+  if (!components_.prepare_masks) {
+    for (Sequence* seq : batch_sequences_) seq->prepared_mask = -1;
+    return;
+  }
+  for (size_t i = 0; i < batch_sequences_.size(); ++i) {
+    Sequence& seq = *batch_sequences_[i];
+    const RunnerSequence& rs = runner_batch_[i];
+    seq.prepared_mask = -1;
+    // Rows that sample one token from the matcher's current state: a decode step or a
+    // prompt's last chunk, without drafts (verification walks the drafts) or forks (each
+    // child samples under its own matcher).
+    const bool samples_one = seq.matcher && !seq.finished && rs.num_logit_rows > 0 &&
+                             rs.start_position + rs.num_tokens == seq.info.num_tokens() &&
+                             seq.info.num_draft_tokens == 0 && seq.pending_forks == 0 &&
+                             seq.info.max_new_tokens != 0;
+    if (!samples_one) continue;
+    if (prepared_masks_.size() <= num_prepared_masks_) prepared_masks_.emplace_back();
+    PreparedMask& m = prepared_masks_[num_prepared_masks_];
+    m.seq = &seq;
+    m.words.assign(mask_words_.size(), 0u);
+    m.status = Status::ok();
+    seq.prepared_mask = static_cast<int32_t>(num_prepared_masks_++);
+  }
+  if (num_prepared_masks_ == 0) return;
+  // The helper touches only the prepared entries and their matchers, and writes its time to
+  // mask_prepare_seconds_; the engine thread reads them after the join.
+  mask_worker_ = std::thread([this] {
+    const double t0 = now();
+    for (size_t k = 0; k < num_prepared_masks_; ++k) {
+      PreparedMask& m = prepared_masks_[k];
+      try {
+        m.status = m.seq->matcher->fill_mask(m.words);
+      } catch (const std::exception& e) {
+        m.status = internal_error(std::string("fill_mask threw: ") + e.what());
+      }
+    }
+    mask_prepare_seconds_ = now() - t0;
+  });
+}
+
+void Engine::wait_for_masks() {
+  if (!mask_worker_.joinable()) return;
+  const double t0 = now();
+  mask_worker_.join();
+  stats_.constraint_seconds += now() - t0;
+  stats_.constraint_prepare_seconds += mask_prepare_seconds_;
+  stats_.num_prepared_masks += num_prepared_masks_;
+}
+
 Status Engine::mask_row(ConstraintMatcher& matcher, float* row) {
   const double t0 = now();
   std::fill(mask_words_.begin(), mask_words_.end(), 0u);
   Status st = matcher.fill_mask(mask_words_);
   if (!st.is_ok()) return Status(st.code(), "constraint: " + st.message());
-  const int32_t vocab = runner_->vocab_size();
-  bool any = false;
-  // A word at a time: inside strings most words allow all 32 tokens, at structural positions
-  // most allow none.
-  for (int32_t base = 0; base < vocab; base += 32) {
-    const uint32_t word = mask_words_[static_cast<size_t>(base) >> 5];
-    const int32_t n = std::min(32, vocab - base);
-    if (word == ~0u) {
-      any = true;
-    } else if (word == 0) {
-      std::fill(row + base, row + base + n, -INFINITY);
-    } else {
-      any = true;
-      for (int32_t b = 0; b < n; ++b)
-        if (!((word >> b) & 1u)) row[base + b] = -INFINITY;
-    }
-  }
-  ++stats_.num_masked_rows;
+  st = apply_mask(mask_words_, row);
   stats_.constraint_seconds += now() - t0;
+  return st;
+}
+
+Status Engine::apply_mask(std::span<const uint32_t> allowed, float* row) {
+  const bool any = kernels::apply_logit_mask(allowed.data(), row, runner_->vocab_size());
+  ++stats_.num_masked_rows;
   if (!any) return invalid_argument("constraint: no token of the vocabulary can continue the output");
   return Status::ok();
 }

@@ -6,6 +6,8 @@
 // behind; an engine without the slot refuses constrained requests.
 #include <doctest/doctest.h>
 
+#include <cctype>
+
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -121,6 +123,52 @@ TEST_CASE("greedy constrained output parses, stops when complete, and is the sam
                               << " accepted, " << s.num_constraint_draft_cuts << " cut by the constraint");
   test::check_all_blocks_free(*plain.engine);
   test::check_all_blocks_free(*spec.engine);
+}
+
+TEST_CASE("masks prepared beside the forward give the same output as masks computed after it") {
+  // prepare_masks on: a helper thread fills each row's mask while the forward runs; off: the
+  // engine thread fills it when sampling. A JSON Schema and a whole-output regex (whose masks
+  // come from its byte-class index), greedy, 8 sequences batched: the same tokens either way.
+  if (!test::have_real_model()) return;
+  test::Stack on = test::make_stack("constrained-prepare-on",
+                                    "engine:\n  constraint: {plugin: json-schema, prepare_masks: on}\n");
+  test::Stack off = test::make_stack("constrained-prepare-off",
+                                     "engine:\n  constraint: {plugin: json-schema, prepare_masks: off}\n");
+  const char* kSentences = "([A-Z][a-z]{0,15}(,? [a-z]{1,15}){0,12}[.!?] )+";
+  const auto prompts = prompts_for(*on.engine);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 48;
+  for (const ConstraintSpec spec : {ConstraintSpec{"json_schema", kSchema}, ConstraintSpec{"regex", kSentences}}) {
+    INFO("kind " << spec.kind);
+    std::shared_ptr<const CompiledConstraint> c_on, c_off;
+    REQUIRE(on.engine->compile_constraint(spec, &c_on).is_ok());
+    REQUIRE(off.engine->compile_constraint(spec, &c_off).is_ok());
+    const auto a = run(*on.engine, prompts, c_on, greedy);
+    const auto b = run(*off.engine, prompts, c_off, greedy);
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].error.empty());
+      CHECK(a[i].tokens == b[i].tokens);
+      if (spec.kind == "json_schema" && a[i].reason == FinishReason::kStop) check_valid(*on.engine, a[i]);
+      if (spec.kind == "regex") {
+        // Every prefix of the output is a prefix of a match: it starts with a capital.
+        const std::string text = on.engine->model().tokenizer().decode(a[i].tokens, false);
+        REQUIRE(!text.empty());
+        CHECK(std::isupper(static_cast<unsigned char>(text[0])));
+      }
+    }
+  }
+  const EngineStats s_on = on.engine->stats(), s_off = off.engine->stats();
+  CHECK(s_on.num_prepared_masks > 0);
+  CHECK(s_on.num_prepared_masks <= s_on.num_masked_rows);
+  CHECK(s_off.num_prepared_masks == 0);
+  CHECK(s_off.num_masked_rows == s_on.num_masked_rows);
+  MESSAGE("prepared " << s_on.num_prepared_masks << " of " << s_on.num_masked_rows << " masked rows beside the forward ("
+                      << s_on.constraint_prepare_seconds * 1e3 << " ms there, " << s_on.constraint_seconds * 1e3
+                      << " ms of mask work on the engine thread; with prepare_masks off "
+                      << s_off.constraint_seconds * 1e3 << " ms)");
+  test::check_all_blocks_free(*on.engine);
+  test::check_all_blocks_free(*off.engine);
 }
 
 TEST_CASE("sampled constrained output (temperature, top-p, n > 1, seed) parses and is reproducible") {

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "support/greedy_runs.h"
@@ -33,7 +35,14 @@ test::Stack make_stack(const std::string& name, const std::string& engine_yaml) 
   return test::make_stack("invariance-" + name, "engine:\n" + engine_yaml);
 }
 
-// 32 prompts of mixed lengths; half share a long system prefix (prefix-cache hits).
+// 32 prompts of mixed lengths; half share a long system prefix (prefix-cache hits). Under
+// ThreadSanitizer (5-15x slower, and the point there is the threads, not the number of
+// prompts) the first 8: still mixed lengths, prefix hits and batches larger than one.
+int num_prompts() {
+  const char* sanitizer = std::getenv("TESSERA_SANITIZER");
+  return sanitizer != nullptr && std::string_view(sanitizer) == "tsan" ? 8 : 32;
+}
+
 std::vector<std::vector<TokenId>> make_prompts(const Tokenizer& tok) {
   const std::vector<std::string> topics = {
       "the history of Rome", "how bees make honey", "a recipe for bread", "the rules of chess",
@@ -42,7 +51,7 @@ std::vector<std::vector<TokenId>> make_prompts(const Tokenizer& tok) {
   std::string system = "You are a careful assistant. Answer briefly and precisely. ";
   for (int i = 0; i < 6; ++i) system += "Always check your facts before you answer, and say so when unsure. ";
   std::vector<std::vector<TokenId>> prompts;
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < num_prompts(); ++i) {
     std::string text = (i % 2 ? system : std::string()) + "Tell me about " + topics[i % topics.size()];
     for (int r = 0; r < (i * 7) % 5; ++r) text += ", and more about " + topics[(i + r) % topics.size()];
     text += ".";

@@ -65,7 +65,8 @@ class StalledReader(unittest.TestCase):
             # How long filling the socket buffers takes depends on the machine's load (a few
             # thousand tokens first), so the wait is generous; what matters is asserted below:
             # it stopped before producing all its tokens.
-            self.assertTrue(self.server.wait_for_metric("tessera_requests_in_flight", 0, timeout=300),
+            self.assertTrue(self.server.wait_for_metric("tessera_requests_in_flight", 0,
+                                                     timeout=h.request_timeout(300)),
                             "the stalled request was never cut off")
             self.assertTrue(self.server.wait_for_metric("tessera_kv_blocks_used", 0, timeout=10))
             produced = (self.server.metric("tessera_generation_tokens_total") or 0) - 8

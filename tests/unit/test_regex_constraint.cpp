@@ -535,3 +535,54 @@ TEST_CASE("random walks under regex and GBNF masks end in text an independent ch
     CHECK_MESSAGE(ended_walks > 10, c.name);
   }
 }
+
+TEST_CASE("a whole-output regex's mask from its DFA, and from its byte classes, equals the matcher's walk, state by state") {
+  std::vector<std::string> vocab = walk_vocab();
+  vocab.pop_back();  // the end token is the caller's business in both walks
+  for (const char* word : {"Hello", "hello", " world", "The", " the", "abc.", ", and", "yes", "no", " no", "Yes!",
+                           "zzzzzzzzzzzzzzzz", "aaaaaaaaaaaaaaaaaaaaaaa", ".", "! ", "? The", "\xC3\xA9t\xC3\xA9"})
+    vocab.push_back(word);
+  const TokenTrie trie(vocab);
+  std::mt19937 rng(5);
+  // The constrained-decoding benchmark's default (thousands of DFA states), a choice whose
+  // matches cannot go on (states with no next byte), a UTF-8 class and an anchored pattern.
+  for (const char* pattern : {"([A-Z][a-z]{0,15}(,? [a-z]{1,15}){0,12}[.!?] )+", "(yes|no|Yes!)", "[^,]{1,8}\\.",
+                              "^[a-z ]*(world|the)$"}) {
+    INFO("pattern " << pattern);
+    Grammar g;
+    REQUIRE(compile_regex_output(pattern, {}, &g).is_ok());
+    const ByteMatcher m(std::move(g));
+    const DfaTokenIndex index(m.grammar().dfas[0], trie);
+    CHECK(index.num_nodes() <= trie.size());
+    int states_checked = 0;
+    for (int walk = 0; walk < 20; ++walk) {
+      State s = m.initial();
+      for (int step = 0; step < 40 && !s.dead() && !m.is_complete(s); ++step) {
+        const ByteDfa* dfa = nullptr;
+        int32_t dfa_state = -1;
+        REQUIRE(m.whole_output_regex(s, &dfa, &dfa_state));
+        std::vector<uint32_t> by_dfa((vocab.size() + 31) / 32, 0u), by_matcher(by_dfa.size(), 0u);
+        compute_token_mask(m, trie, s, by_dfa);
+        compute_token_mask_by_matcher(m, trie, s, by_matcher);
+        REQUIRE(by_dfa == by_matcher);
+        std::vector<uint32_t> by_classes(by_dfa.size(), 0u);
+        index.fill(dfa_state, by_classes);
+        REQUIRE(by_classes == by_matcher);
+        ++states_checked;
+        std::vector<TokenId> allowed;
+        for (size_t t = 0; t < vocab.size(); ++t)
+          if (by_dfa[t >> 5] >> (t & 31) & 1) allowed.push_back(static_cast<TokenId>(t));
+        if (allowed.empty()) break;
+        REQUIRE(m.feed_all(&s, vocab[static_cast<size_t>(allowed[rng() % allowed.size()])]));
+      }
+    }
+    CHECK(states_checked >= 20);
+  }
+  // Anything else (here a GBNF grammar whose root is a sequence) takes the matcher's walk.
+  Grammar g;
+  REQUIRE(compile_gbnf("root ::= \"a\" [0-9]+", {}, &g).is_ok());
+  const ByteMatcher m(std::move(g));
+  const ByteDfa* dfa = nullptr;
+  int32_t dfa_state = -1;
+  CHECK_FALSE(m.whole_output_regex(m.initial(), &dfa, &dfa_state));
+}

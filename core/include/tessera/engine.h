@@ -40,6 +40,10 @@ struct EngineComponents {
   // Structured output (tessera/sdk/constraint.h); may be null, then constrained requests are
   // refused.
   std::shared_ptr<Constraint> constraint;
+  // Compute constrained rows' masks on a helper thread while the forward runs. Worth it only
+  // when the forward leaves a core free (a GPU backend, or fewer CPU threads than cores): on
+  // a CPU whose cores all run the forward, the helper takes its time from the forward.
+  bool prepare_masks = false;
   int32_t num_draft_tokens = 0;      // per sequence and step at most, when a drafter is set
   // Adapt each sequence's drafts to its acceptance and the measured step cost, down to none
   // when verification costs more than it saves (tessera/speculation_control.h).
@@ -144,8 +148,15 @@ struct EngineStats {
   uint64_t num_step_errors = 0;
   // Constrained decoding: logit rows masked, seconds spent computing and applying the masks,
   // and drafts cut because the constraint does not allow them.
+  // constraint_seconds is what the engine thread spends on masks: applying them, computing
+  // those it could not prepare, and waiting for the preparation to finish. The masks of rows
+  // that sample one token are computed on a helper thread while the forward runs
+  // (constraint_prepare_seconds, num_prepared_masks): off the step's path unless it outlasts
+  // the forward.
   uint64_t num_masked_rows = 0;
   double constraint_seconds = 0;
+  uint64_t num_prepared_masks = 0;
+  double constraint_prepare_seconds = 0;
   uint64_t num_constraint_draft_cuts = 0;
   // Disaggregation: prefills held for a transfer (now), finished imports, imports that fell
   // back to computing the prompt here (a failed transfer, or no free blocks), KV bytes
@@ -233,6 +244,13 @@ class Engine {
   Status guarded_pick(Sequence& seq, float* first_row);  // pick_tokens into sampled_
   // Sets the logits `matcher` does not allow to -inf (constraint.h).
   Status mask_row(ConstraintMatcher& matcher, float* row);
+  // Sets the logits outside `allowed` (one bit per token) to -inf; an error when none is left.
+  Status apply_mask(std::span<const uint32_t> allowed, float* row);
+  // Masks prepared while the forward runs: for each batch sequence that will sample one token
+  // under a constraint, its matcher fills a mask on mask_worker_ (the engine thread does not
+  // touch those matchers until wait_for_masks). Both are no-ops without constrained rows.
+  void prepare_masks();
+  void wait_for_masks();
   // Masks a verification's rows: row k with the state after drafts [0, k).
   Status mask_verify_rows(Sequence& seq);
   // How many of `drafts` the sequence's constraint allows in a row.
@@ -279,6 +297,15 @@ class Engine {
   std::vector<DraftRequest> draft_requests_;
   std::vector<Sequence*> draft_sequences_;
   std::vector<uint32_t> mask_words_;  // one bit per token, for mask_row
+  struct PreparedMask {
+    Sequence* seq = nullptr;
+    std::vector<uint32_t> words;
+    Status status;
+  };
+  std::vector<PreparedMask> prepared_masks_;  // [0, num_prepared_masks_) are this step's
+  size_t num_prepared_masks_ = 0;
+  std::thread mask_worker_;  // running between prepare_masks and wait_for_masks
+  double mask_prepare_seconds_ = 0;  // the helper's time this step
   bool batch_has_drafts_ = false;
   // Disaggregation, engine thread: sequences whose KV is in flight (not in the scheduler),
   // and finished prefills whose blocks are held for a transfer.

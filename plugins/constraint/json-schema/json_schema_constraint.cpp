@@ -34,6 +34,11 @@ const ParamSpec kParams[] = {
     {"mask_cache_entries", ParamType::kInt, "512",
      "token masks kept per compiled spec, by matcher state (vocabulary / 8 bytes each)", 0, 1 << 20},
     {"compiled_cache_entries", ParamType::kInt, "32", "compiled specs kept for reuse by later requests", 0, 4096},
+    // Read by the engine, not by this plugin (as a drafter's `adaptive` is).
+    {"prepare_masks", ParamType::kEnum, "auto",
+     "compute the masks on a helper thread while the forward runs: on, off, or auto (when the forward leaves a "
+     "core free: a GPU backend, or fewer CPU threads than cores)",
+     -INFINITY, INFINITY, "auto|on|off"},
 };
 
 struct Vocabulary {

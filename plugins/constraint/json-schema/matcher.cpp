@@ -70,6 +70,19 @@ void ByteMatcher::feed(const State& in, uint8_t byte, State* out) const {
   }
 }
 
+bool ByteMatcher::whole_output_regex(const State& state, const ByteDfa** dfa, int32_t* dfa_state) const {
+  // One thread [ws, size 1, frame (node, phase, a = DFA state, b)] at the root. Stepping it
+  // is the DFA's step: an accepting state's "end here" alternative has no frame below it to go
+  // on with, a state with no next byte pops to an empty stack that takes nothing more, and
+  // whitespace is counted only between JSON tokens, never inside a regex frame.
+  if (state.num_threads != 1 || state.data.size() != 6 || state.data[1] != 1) return false;
+  const int32_t node_id = state.data[2];
+  if (node_id != grammar_.root || node(node_id).kind != NodeKind::kRegex) return false;
+  *dfa = &grammar_.dfas[static_cast<size_t>(node(node_id).dfa)];
+  *dfa_state = state.data[4];
+  return true;
+}
+
 bool ByteMatcher::feed_all(State* state, std::string_view bytes) const {
   State next;
   for (char ch : bytes) {

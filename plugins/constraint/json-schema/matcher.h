@@ -44,6 +44,10 @@ class ByteMatcher {
   bool can_end(const State& state) const;
   // No thread can take another byte: the output is complete.
   bool is_complete(const State& state) const;
+  // The state is one thread inside a regex that is the whole output (a guided_regex or
+  // choice constraint): nothing but the regex's own DFA decides the bytes from here on, so a
+  // token mask may walk that DFA directly. Sets *dfa and its state *dfa_state.
+  bool whole_output_regex(const State& state, const ByteDfa** dfa, int32_t* dfa_state) const;
 
   const Grammar& grammar() const { return grammar_; }
 

@@ -1,6 +1,8 @@
 #include "token_mask.h"
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <numeric>
 
 namespace tessera::json_constraint {
@@ -50,8 +52,41 @@ TokenTrie::TokenTrie(std::span<const std::string> token_bytes)
   first_.push_back(static_cast<uint32_t>(tokens_.size()));
 }
 
+namespace {
+
+void set_tokens(const TokenTrie& trie, size_t node, std::span<uint32_t> allowed) {
+  for (TokenId t : trie.tokens_at(node)) allowed[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
+}
+
+}  // namespace
+
 void compute_token_mask(const ByteMatcher& matcher, const TokenTrie& trie, const State& state,
                         std::span<uint32_t> allowed) {
+  const ByteDfa* dfa = nullptr;
+  int32_t start = -1;
+  if (!matcher.whole_output_regex(state, &dfa, &start)) {
+    compute_token_mask_by_matcher(matcher, trie, state, allowed);
+    return;
+  }
+  std::vector<int32_t> states(static_cast<size_t>(trie.max_depth()) + 1);
+  states[0] = start;
+  const size_t n = trie.size();
+  size_t i = 1;
+  while (i < n) {
+    const auto d = static_cast<size_t>(trie.depth(i));
+    const int32_t next = dfa->next(states[d - 1], trie.byte(i));
+    if (next < 0) {
+      i = trie.subtree_end(i);
+      continue;
+    }
+    states[d] = next;
+    set_tokens(trie, i, allowed);
+    ++i;
+  }
+}
+
+void compute_token_mask_by_matcher(const ByteMatcher& matcher, const TokenTrie& trie, const State& state,
+                                   std::span<uint32_t> allowed) {
   if (state.dead()) return;
   std::vector<State> states(static_cast<size_t>(trie.max_depth()) + 1);
   states[0] = state;
@@ -64,7 +99,55 @@ void compute_token_mask(const ByteMatcher& matcher, const TokenTrie& trie, const
       i = trie.subtree_end(i);
       continue;
     }
-    for (TokenId t : trie.tokens_at(i)) allowed[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
+    set_tokens(trie, i, allowed);
+    ++i;
+  }
+}
+
+DfaTokenIndex::DfaTokenIndex(const ByteDfa& dfa, const TokenTrie& tokens) {
+  // Byte classes: bytes whose DFA columns are equal.
+  const int32_t num_states = dfa.num_states();
+  std::map<std::vector<int32_t>, int32_t> class_of_column;
+  std::array<uint8_t, 256> class_of_byte{};
+  std::vector<int32_t> column(static_cast<size_t>(num_states));
+  for (int b = 0; b < 256; ++b) {
+    for (int32_t st = 0; st < num_states; ++st) column[static_cast<size_t>(st)] = dfa.next(st, static_cast<uint8_t>(b));
+    auto [it, added] = class_of_column.emplace(column, static_cast<int32_t>(class_of_column.size()));
+    class_of_byte[static_cast<size_t>(b)] = static_cast<uint8_t>(it->second);
+  }
+  num_classes_ = static_cast<int32_t>(class_of_column.size());
+  next_.assign(static_cast<size_t>(num_states) * static_cast<size_t>(num_classes_), -1);
+  for (int b = 0; b < 256; ++b)
+    for (int32_t st = 0; st < num_states; ++st)
+      next_[static_cast<size_t>(st) * static_cast<size_t>(num_classes_) + class_of_byte[static_cast<size_t>(b)]] =
+          dfa.next(st, static_cast<uint8_t>(b));
+  // Every token's class string, read back from the byte trie in preorder.
+  std::vector<std::string> class_strings(static_cast<size_t>(tokens.vocab_size()));
+  std::string path;
+  for (size_t i = 1; i < tokens.size(); ++i) {
+    path.resize(static_cast<size_t>(tokens.depth(i)) - 1);
+    path.push_back(static_cast<char>(class_of_byte[tokens.byte(i)]));
+    for (TokenId t : tokens.tokens_at(i)) class_strings[static_cast<size_t>(t)] = path;
+  }
+  classes_ = std::make_unique<const TokenTrie>(class_strings);
+}
+
+void DfaTokenIndex::fill(int32_t dfa_state, std::span<uint32_t> allowed) const {
+  const TokenTrie& trie = *classes_;
+  std::vector<int32_t> states(static_cast<size_t>(trie.max_depth()) + 1);
+  states[0] = dfa_state;
+  const size_t n = trie.size();
+  const auto k = static_cast<size_t>(num_classes_);
+  size_t i = 1;
+  while (i < n) {
+    const auto d = static_cast<size_t>(trie.depth(i));
+    const int32_t next = next_[static_cast<size_t>(states[d - 1]) * k + trie.byte(i)];
+    if (next < 0) {
+      i = trie.subtree_end(i);
+      continue;
+    }
+    states[d] = next;
+    set_tokens(trie, i, allowed);
     ++i;
   }
 }
@@ -92,7 +175,14 @@ bool MaskCache::fill(const ByteMatcher& matcher, const State& state, std::span<u
   // Computed outside the lock: another sequence may compute the same mask meanwhile, which
   // only costs time.
   Mask m((static_cast<size_t>(trie_->vocab_size()) + 31) / 32, 0u);
-  compute_token_mask(matcher, *trie_, state, m);
+  const ByteDfa* dfa = nullptr;
+  int32_t dfa_state = -1;
+  if (matcher.whole_output_regex(state, &dfa, &dfa_state)) {
+    std::call_once(regex_index_once_, [&] { regex_index_ = std::make_unique<const DfaTokenIndex>(*dfa, *trie_); });
+    regex_index_->fill(dfa_state, m);
+  } else {
+    compute_token_mask(matcher, *trie_, state, m);
+  }
   if (matcher.can_end(state))
     for (TokenId t : end_tokens_)
       if (t >= 0 && t < trie_->vocab_size()) m[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
