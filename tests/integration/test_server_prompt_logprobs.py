@@ -231,10 +231,32 @@ class PromptLogprobs(unittest.TestCase):
         plain = client().completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
         self.assertEqual(text, "Hello" + plain.choices[0].text)
 
+    def test_streamed_echo_with_logprobs_equals_the_whole_response(self):
+        # The stream opens each choice with the prompt and its logprobs (once computed), then
+        # the generated tokens with offsets into the echoed text: together, the whole response.
+        for body in [{"prompt": PROMPTS[2], "max_tokens": 0, "logprobs": 2},
+                     {"prompt": PROMPTS[1], "max_tokens": 6, "logprobs": 3, "temperature": 0},
+                     {"prompt": [PROMPTS[0], PROMPTS[3]], "max_tokens": 4, "logprobs": 1, "temperature": 0.8,
+                      "seed": 11, "n": 2}]:
+            whole = client().completions.create(model=MODEL, echo=True, **body)
+            chunks = list(client().completions.create(model=MODEL, echo=True, stream=True, **body))
+            for c in whole.choices:
+                mine = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].index == c.index]
+                self.assertEqual("".join(m.text for m in mine), c.text, body)
+                self.assertEqual(mine[-1].finish_reason, c.finish_reason)
+                lps = [m.logprobs for m in mine if m.logprobs is not None]
+                self.assertEqual(sum((lp.tokens for lp in lps), []), c.logprobs.tokens)
+                self.assertEqual(sum((lp.text_offset for lp in lps), []), c.logprobs.text_offset)
+                got = sum((lp.token_logprobs for lp in lps), [])
+                self.assertEqual([g is None for g in got], [w is None for w in c.logprobs.token_logprobs])
+                for g, w in zip(got, c.logprobs.token_logprobs):
+                    if w is not None:
+                        self.assertAlmostEqual(g, w, places=4)
+        self.assertTrue(SERVER.wait_for_metric("tessera_kv_blocks_used", 0.0), SERVER.metrics())
+
     def test_errors_name_the_field(self):
         for body, param in [
             ({"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
-            ({"prompt": "Hi", "max_tokens": 0, "echo": True, "logprobs": 1, "stream": True}, "echo"),
             ({"prompt": "Hi", "max_tokens": 0, "echo": "yes"}, "echo"),
             ({"prompt": "Hi", "max_tokens": 0, "echo": True, "logprobs": 21}, "logprobs"),
             ({"prompt": "Hi", "max_tokens": -1, "echo": True}, "max_tokens"),

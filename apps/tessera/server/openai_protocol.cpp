@@ -329,8 +329,6 @@ std::optional<GenerationSpec> parse_generation_request(const json& body, ApiKind
     if (!r.boolean("echo", &spec.echo)) return std::nullopt;
     if (spec.max_tokens_given && spec.params.max_tokens == 0 && !spec.echo)
       return r.fail("max_tokens", "0 is only allowed with echo: true (nothing would be returned)"), std::nullopt;
-    if (spec.echo && spec.logprobs && spec.stream)
-      return r.fail("echo", "with logprobs is not supported when streaming; send stream: false"), std::nullopt;
     if (spec.echo && spec.logprobs) spec.prompt_logprobs = spec.top_logprobs;
     else if (spec.max_tokens_given && spec.params.max_tokens == 0) spec.prompt_logprobs = 0;
   } else {

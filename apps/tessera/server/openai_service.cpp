@@ -181,6 +181,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     std::string error;
     std::unique_ptr<ToolCallStream> tool_stream;  // streamed chat with tools
     int32_t num_tool_calls_sent = 0;
+    std::string unsent_text;  // released while its prompt's echo waits for its logprobs
   };
   // An engine event, copied off the engine thread.
   struct Event {
@@ -215,6 +216,10 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
   std::vector<int32_t> cached_each;
   std::vector<Choice> choices;
   std::vector<PromptEcho> echoes;  // per prompt, with spec.echo
+  // Streams with echo and logprobs: per prompt, its echo chunks went out. They wait for the
+  // prompt's logprobs (the first engine event of the prompt), and its choices' text waits
+  // for them.
+  std::vector<char> echo_streamed;
   int32_t engine_open = 0;    // samples the engine has not finished, all prompts
   std::vector<char> cancel_sent;  // per prompt: its handle was cancelled
   bool responded = false;     // the answer is complete, or the client is gone
@@ -286,8 +291,10 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     auto& cached = cached_each[static_cast<size_t>(ev.prompt)];
     cached = std::max(cached, ev.cached_prompt_tokens);
     if (ttft_ms < 0 && !ev.tokens.empty()) ttft_ms = ms_since(access.start);
-    if (!ev.prompt_logprobs.empty() && spec.echo)
+    if (!ev.prompt_logprobs.empty() && spec.echo) {
       echoes[static_cast<size_t>(ev.prompt)].logprobs = std::move(ev.prompt_logprobs);
+      if (streams_echo_logprobs() && !responded) stream_echo(static_cast<size_t>(ev.prompt));
+    }
     std::string released;
     if (!c.finished) {
       for (const SampledToken& t : ev.tokens) {
@@ -311,7 +318,10 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
         if (ev.reason == FinishReason::kError) c.error = ev.error;
       }
       c.text += released;
-      if (spec.stream && !responded) stream_delta(index, released);
+      if (spec.stream && !responded) {
+        if (streams_echo_logprobs() && !echo_streamed[static_cast<size_t>(ev.prompt)]) c.unsent_text += released;
+        else stream_delta(index, released);
+      }
     }
     if (ev.finished) {
       c.engine_finished = true;
@@ -390,6 +400,9 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     if (responded) return;
     responded = true;
     if (spec.stream) {
+      // A prompt that ended before its logprobs came (an error): its echo and text still go out.
+      if (streams_echo_logprobs())
+        for (size_t p = 0; p < echoes.size(); ++p) stream_echo(p);
       finish_stream();
     } else {
       respond_whole();
@@ -618,7 +631,9 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
       send_event({{"error", {{"message", "generation failed: " + c.error}, {"type", "server_error"},
                              {"param", nullptr}, {"code", nullptr}}}});
     }
-    json lp = logprobs_json(c, c.tokens_reported, ready, 0);
+    // With echo, offsets count from the start of the prompt's text, as in a whole response.
+    const size_t text_base = spec.echo ? echoes[static_cast<size_t>(index / spec.n)].text.size() : 0;
+    json lp = logprobs_json(c, c.tokens_reported, ready, text_base);
     c.tokens_reported = ready;
     json choice = {{"index", index}, {"logprobs", lp},
                    {"finish_reason", c.finished ? json(c.finish_reason) : json(nullptr)}};
@@ -636,8 +651,13 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     channel->start_stream(http::status::ok, "text/event-stream", gateway_headers());
     service->metrics_.count_request(endpoint, 200);
     if (!chat()) {
-      // echo: each choice's stream opens with its prompt (echo with logprobs is not streamed).
+      // echo: each choice's stream opens with its prompt; with logprobs, once the prompt's
+      // logprobs are computed (stream_echo).
       if (!spec.echo) return;
+      if (streams_echo_logprobs()) {
+        echo_streamed.assign(echoes.size(), 0);
+        return;
+      }
       for (size_t i = 0; i < choices.size(); ++i) {
         json j = chunk_base();
         j["choices"] = json::array({{{"index", i}, {"text", echoes[i / static_cast<size_t>(spec.n)].text},
@@ -653,6 +673,26 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
           {{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
             {"finish_reason", nullptr}}});
       send_event(j);
+    }
+  }
+
+  bool streams_echo_logprobs() const { return spec.stream && spec.echo && spec.logprobs && !chat(); }
+
+  // The echo chunk of each choice of prompt `p`, with the prompt's logprobs, then the text its
+  // choices produced meanwhile. Once per prompt.
+  void stream_echo(size_t p) {
+    if (p >= echo_streamed.size() || echo_streamed[p]) return;
+    echo_streamed[p] = 1;
+    const PromptEcho& echo = echoes[p];
+    for (int32_t k = 0; k < spec.n; ++k) {
+      const auto index = static_cast<int32_t>(p) * spec.n + k;
+      Choice& c = choices[static_cast<size_t>(index)];
+      json j = chunk_base();
+      j["choices"] = json::array({{{"index", index}, {"text", echo.text},
+                                   {"logprobs", logprobs_json(c, 0, 0, 0, &echo)}, {"finish_reason", nullptr}}});
+      send_event(j);
+      if (!c.unsent_text.empty() || c.finished || c.tokens_reported < c.tokens.size())
+        stream_delta(index, std::exchange(c.unsent_text, std::string()));
     }
   }
 
