@@ -298,6 +298,29 @@ class LlamaCppReference(unittest.TestCase):
         print(f"\nexact stack vs llama.cpp ({meta['reference']}): max |logprob diff| = {worst:.3g} "
               f"over {len(want)} prompts (first greedy token)")
 
+    def test_every_prompt_position_and_loglikelihood_equals_llama_cpp_within_1e_3(self):
+        # llama.cpp's log-probability of every next token of lm-eval's multiple-choice
+        # requests (and a 457-token text), from scripts/make-prompt-logprob-fixture.py, against
+        # Tessera's exact stack fed the same token ids (`tessera eval --prompt-logprobs`, which
+        # test_server_equals_offline_with_chunked_prefill_under_load ties to the server).
+        meta = json.load(open(os.path.join(FIXTURES, "smollm2-135m-instruct-q4_1.prompt-logprobs.json")))
+        reqs = meta["requests"]
+        got = offline([{"tokens": r["tokens"]} for r in reqs], config=EXACT_STACK)
+        worst = worst_sum = 0.0
+        positions = 0
+        for k, r in enumerate(reqs):
+            tokens, logprobs = got[k]
+            self.assertEqual(len(logprobs), len(r["tokens"]), r["name"])
+            self.assertIsNone(logprobs[0])
+            for i, want in enumerate(r["token_logprobs"]):
+                worst = max(worst, abs(logprobs[i + 1] - want))
+                positions += 1
+                self.assertLess(abs(logprobs[i + 1] - want), 1e-3, f"{r['name']} position {i + 1}")
+            worst_sum = max(worst_sum, abs(sum(logprobs[1:]) - sum(r["token_logprobs"])))
+        self.assertLess(worst_sum, 1e-3)
+        print(f"\nexact stack vs llama.cpp ({meta['reference']}), {len(reqs)} requests, {positions} positions: "
+              f"max |logprob diff| {worst:.3g}, max |loglikelihood diff| {worst_sum:.3g}")
+
 
 if __name__ == "__main__":
     sys.exit(h.run_tests([PromptLogprobs, LlamaCppReference]))
