@@ -115,21 +115,30 @@ void run_serve(const ServeOptions& opt) {
 
   // Graceful shutdown, polled: in-flight requests get shutdown_timeout to finish, then are
   // cancelled; the process exits once every response is written or a last grace period ends.
-  // A cancelled request ends at its engine step's boundary, so the grace must outlast one
-  // step (a 512-token prefill chunk takes seconds on a slow or sanitizer-built CPU); it only
-  // bounds an engine that never answers.
-  constexpr auto kCancelGrace = std::chrono::seconds(10);
+  // A cancelled request ends at its engine step's boundary, so the grace (server.shutdown_grace)
+  // should outlast one step (a 512-token prefill chunk takes seconds on a slow or
+  // sanitizer-built CPU); responses still open after it are ended as aborted.
+  const auto cancel_grace = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(server_config.shutdown_grace));
   net::signal_set signals(io, SIGINT, SIGTERM);
   net::steady_timer shutdown_timer(io);
-  std::chrono::steady_clock::time_point deadline;
-  bool cancelled = false;
+  std::chrono::steady_clock::time_point deadline, flush_deadline;
+  bool cancelled = false, ended = false;
   std::function<void()> poll_shutdown = [&] {
     const auto now = std::chrono::steady_clock::now();
     // Idle once every response is complete and on the wire: close_all() would cut off a
     // response whose last bytes are still queued (a finished stream's final chunk).
     const bool idle = service.in_flight() == 0 && service.open_calls() == 0 && !http.writes_pending();
-    if (idle || now >= deadline + kCancelGrace) {
-      if (!idle) spdlog::warn("serve: {} requests still open at exit", service.open_calls());
+    if (!idle && !ended && now >= deadline + cancel_grace) {
+      // The engine did not end the cancelled requests within the grace: their responses end
+      // here, as aborted, and get a moment to reach their clients.
+      ended = true;
+      spdlog::warn("serve: {} requests still open {:g} s after cancelling; ending them as aborted",
+                   service.open_calls(), server_config.shutdown_grace);
+      service.end_all_as_aborted();
+      flush_deadline = now + std::chrono::seconds(2);
+    }
+    if (idle || (ended && (!http.writes_pending() || now >= flush_deadline))) {
       http.close_all();
       io.stop();
       return;

@@ -1268,7 +1268,7 @@ class StackValidator {
     if (!check_keys(map, "server",
                     {"host", "port", "api_keys", "max_body_size", "max_header_size", "header_timeout",
                      "read_timeout", "idle_timeout", "write_timeout", "max_queued_requests",
-                     "shutdown_timeout", "defaults"}))
+                     "shutdown_timeout", "shutdown_grace", "defaults"}))
       return;
     static const ParamSpec kHost{"host", ParamType::kString, "127.0.0.1", ""};
     static const ParamSpec kPort{"port", ParamType::kInt, "8080", "", 0, 65535};
@@ -1281,6 +1281,7 @@ class StackValidator {
     static const ParamSpec kWriteTimeout{"write_timeout", ParamType::kDuration, "30s", "", 0.01, 3600};
     static const ParamSpec kMaxQueued{"max_queued_requests", ParamType::kInt, "256", "", 1, 1 << 20};
     static const ParamSpec kShutdown{"shutdown_timeout", ParamType::kDuration, "10s", "", 0, 3600};
+    static const ParamSpec kShutdownGrace{"shutdown_grace", ParamType::kDuration, "10s", "", 0, 3600};
     field(entry, "server", kHost, &server->host);
     field(entry, "server", kPort, &server->port);
     field(entry, "server", kKeys, &server->api_keys);
@@ -1292,6 +1293,7 @@ class StackValidator {
     field(entry, "server", kWriteTimeout, &server->write_timeout);
     field(entry, "server", kMaxQueued, &server->max_queued_requests);
     field(entry, "server", kShutdown, &server->shutdown_timeout);
+    field(entry, "server", kShutdownGrace, &server->shutdown_grace);
     for (const std::string& key : server->api_keys)
       if (key.empty()) issues_.add(entry.value.find("api_keys")->value, "server.api_keys", "an API key must not be empty");
     if (const TreeEntry* d = entry.value.find("defaults")) validate_request_defaults(*d, &server->defaults);

@@ -79,8 +79,8 @@ class StalledReader(unittest.TestCase):
 
 
 class SigtermDuringPrefill(unittest.TestCase):
-    def run_case(self, shutdown_timeout):
-        server = h.Server(f"shutdown_timeout: {shutdown_timeout}", name="faults-sigterm").start()
+    def run_case(self, shutdown_timeout, extra=""):
+        server = h.Server(f"shutdown_timeout: {shutdown_timeout}\n{extra}", name="faults-sigterm").start()
         self.addCleanup(server.stop)  # a failed assertion must not leave the server running
         model = model_of(server)
         result, first_token = {}, threading.Event()
@@ -95,7 +95,8 @@ class SigtermDuringPrefill(unittest.TestCase):
         return server, result, rc, time.time() - t0
 
     def test_in_flight_prefill_finishes_before_exit(self):
-        server, result, rc, _ = self.run_case("60s")
+        # 60 s (x4 under a sanitizer, whose prefill of ~1,800 tokens is that much slower).
+        server, result, rc, _ = self.run_case(f"{h.request_timeout(60)}s")
         self.assertEqual(rc, 0, "".join(server.stderr_lines[-10:]))
         self.assertEqual(result["status"], 200)
         self.assertEqual(result["finish"], "length")
@@ -108,6 +109,20 @@ class SigtermDuringPrefill(unittest.TestCase):
         self.assertEqual(result["status"], 200)  # the stream had started; it ends cleanly
         self.assertEqual(result["finish"], "abort")
         self.assertLess(len(result["pieces"]), 16)
+        self.assertLess(seconds, 60)
+
+
+    def test_a_step_outlasting_the_grace_still_ends_the_stream_as_abort(self):
+        # shutdown_grace 0: the cancelled request's prefill step is still running when the
+        # grace ends, so the server completes the response itself: an "abort" chunk and [DONE],
+        # not a cut connection; the process exits 0.
+        server, result, rc, seconds = self.run_case("100ms", "shutdown_grace: 0s")
+        self.assertEqual(rc, 0, "".join(server.stderr_lines[-10:]))
+        self.assertEqual(result["status"], 200)
+        self.assertEqual(result["finish"], "abort")
+        self.assertLess(len(result["pieces"]), 16)
+        self.assertTrue(any("ending them as aborted" in line for line in server.stderr_lines),
+                        "".join(server.stderr_lines[-10:]))
         self.assertLess(seconds, 60)
 
 

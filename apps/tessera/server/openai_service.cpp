@@ -422,6 +422,33 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
 
   void abort() { cancel_engine(); }
 
+  // Shutdown after its grace: the engine did not end these samples in time (a step longer than
+  // the grace). Each ends now as "abort" with what it produced, and the response completes, so
+  // the client reads a whole stream (or a whole body) instead of a cut connection.
+  void end_as_aborted() {
+    if (responded) return;
+    cancel_engine();  // abandoned: an aborted answer is nobody's to cache
+    if (spec.stream && !started) {
+      started = true;
+      start_stream();
+    }
+    std::vector<int32_t> aborted;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      Choice& c = choices[i];
+      if (c.finished) continue;
+      c.finished = true;
+      c.finish_reason = "abort";
+      aborted.push_back(static_cast<int32_t>(i));
+    }
+    if (spec.stream)
+      for (int32_t i : aborted) {
+        // A prompt whose echo still waits gets its choices' ends with the echo (maybe_complete).
+        if (streams_echo_logprobs() && !echo_streamed[static_cast<size_t>(i / spec.n)]) continue;
+        stream_delta(i, std::string());
+      }
+    maybe_complete();
+  }
+
   // A failure of the server's own code while answering (never expected): the request ends
   // with a 500 (or an error event on a stream) and the engine work stops; the server goes on.
   void fail_internal(const std::string& what) {
@@ -779,6 +806,11 @@ size_t OpenAiService::open_calls() const {
 void OpenAiService::cancel_all() {
   for (const auto& [serial, weak] : calls_)
     if (auto call = weak.lock()) call->abort();
+}
+
+void OpenAiService::end_all_as_aborted() {
+  for (const auto& [serial, weak] : calls_)
+    if (auto call = weak.lock()) call->end_as_aborted();
 }
 
 bool OpenAiService::authorized(const HttpRequest& req) const {

@@ -64,6 +64,10 @@ class OpenAiService : public HttpHandler {
   // Cancels every request still generating (their clients get what was produced so far,
   // finish_reason "abort").
   void cancel_all();
+  // Completes every response still open as if its samples had ended with "abort" (what was
+  // produced, then the end of the stream), whatever the engine is doing: the last step of a
+  // shutdown, once cancelled requests had their grace period to end by themselves.
+  void end_all_as_aborted();
   // Requests the engine still holds, and responses not yet fully handed to the server.
   int64_t in_flight() const { return in_flight_; }
   size_t open_calls() const;

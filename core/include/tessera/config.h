@@ -67,6 +67,9 @@ struct ServerConfig {
   double idle_timeout = 60;              // a keep-alive connection may wait this long
   double write_timeout = 30;             // a client must accept each write within this
   int max_queued_requests = 256;         // requests held at once (running + waiting); more get 429
+  // After shutdown_timeout, cancelled requests get this long to end by themselves (a request
+  // ends at its engine step's end); responses still open then are ended as aborted.
+  double shutdown_grace = 10;
   double shutdown_timeout = 10;          // on SIGTERM/SIGINT, in-flight requests get this long
   RequestDefaults defaults;              // server.defaults
 };
