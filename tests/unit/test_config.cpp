@@ -460,7 +460,7 @@ server: {host: localhost, prot: 80}
                               "expected one of: cache, router"));
   CHECK(has_issue(issues, f + ":10:27: server: unknown key 'prot'; did you mean 'port'? "
                               "expected one of: host, port, api_keys, max_body_size, max_header_size, header_timeout, "
-                              "read_timeout, idle_timeout, write_timeout, max_queued_requests, shutdown_timeout, defaults"));
+                              "read_timeout, idle_timeout, write_timeout, max_queued_requests, shutdown_timeout, shutdown_grace, defaults"));
   CHECK(issues.size() == 8);
 }
 
