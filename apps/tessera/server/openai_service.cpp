@@ -329,6 +329,11 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
       if (--open_per_prompt[static_cast<size_t>(ev.prompt)] == 0) {
         --service->in_flight_;
         service->metrics_.set_in_flight(service->in_flight_);
+        // Nothing is left to cancel: let the prompt's handle go. A cache layer's or a
+        // disaggregated deployment's handle holds their call, which holds this call's sink,
+        // which holds this call: kept, that cycle leaked every such request (LeakSanitizer,
+        // integration_embeddings).
+        handles[static_cast<size_t>(ev.prompt)].reset();
       }
       // A cached answer's timings are not the model's: only model-served sequences count.
       if (!served.is_cache_hit()) {
@@ -356,7 +361,7 @@ struct GenerationCall : std::enable_shared_from_this<GenerationCall> {
     for (size_t p = 0; p < handles.size(); ++p) cancel_prompt(p, reason);
   }
   void cancel_prompt(size_t p, CancelReason reason) {
-    if (p >= handles.size() || open_per_prompt[p] <= 0 || cancel_sent[p]) return;
+    if (p >= handles.size() || open_per_prompt[p] <= 0 || cancel_sent[p] || !handles[p]) return;
     cancel_sent[p] = 1;
     handles[p]->cancel(reason);
   }
