@@ -58,6 +58,27 @@ void set_tokens(const TokenTrie& trie, size_t node, std::span<uint32_t> allowed)
   for (TokenId t : trie.tokens_at(node)) allowed[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
 }
 
+// Depth-first over `trie` from automaton state `start`, `next(state, edge)` giving the state
+// after an edge or -1 (dead: the subtree is skipped); sets the bits of the tokens reached.
+template <typename Next>
+void walk_automaton(const TokenTrie& trie, int32_t start, Next next, std::span<uint32_t> allowed) {
+  std::vector<int32_t> states(static_cast<size_t>(trie.max_depth()) + 1);
+  states[0] = start;
+  const size_t n = trie.size();
+  size_t i = 1;
+  while (i < n) {
+    const auto d = static_cast<size_t>(trie.depth(i));
+    const int32_t to = next(states[d - 1], trie.byte(i));
+    if (to < 0) {
+      i = trie.subtree_end(i);
+      continue;
+    }
+    states[d] = to;
+    set_tokens(trie, i, allowed);
+    ++i;
+  }
+}
+
 }  // namespace
 
 void compute_token_mask(const ByteMatcher& matcher, const TokenTrie& trie, const State& state,
@@ -68,21 +89,7 @@ void compute_token_mask(const ByteMatcher& matcher, const TokenTrie& trie, const
     compute_token_mask_by_matcher(matcher, trie, state, allowed);
     return;
   }
-  std::vector<int32_t> states(static_cast<size_t>(trie.max_depth()) + 1);
-  states[0] = start;
-  const size_t n = trie.size();
-  size_t i = 1;
-  while (i < n) {
-    const auto d = static_cast<size_t>(trie.depth(i));
-    const int32_t next = dfa->next(states[d - 1], trie.byte(i));
-    if (next < 0) {
-      i = trie.subtree_end(i);
-      continue;
-    }
-    states[d] = next;
-    set_tokens(trie, i, allowed);
-    ++i;
-  }
+  walk_automaton(trie, start, [dfa](int32_t state, uint8_t byte) { return dfa->next(state, byte); }, allowed);
 }
 
 void compute_token_mask_by_matcher(const ByteMatcher& matcher, const TokenTrie& trie, const State& state,
@@ -133,23 +140,10 @@ DfaTokenIndex::DfaTokenIndex(const ByteDfa& dfa, const TokenTrie& tokens) {
 }
 
 void DfaTokenIndex::fill(int32_t dfa_state, std::span<uint32_t> allowed) const {
-  const TokenTrie& trie = *classes_;
-  std::vector<int32_t> states(static_cast<size_t>(trie.max_depth()) + 1);
-  states[0] = dfa_state;
-  const size_t n = trie.size();
   const auto k = static_cast<size_t>(num_classes_);
-  size_t i = 1;
-  while (i < n) {
-    const auto d = static_cast<size_t>(trie.depth(i));
-    const int32_t next = next_[static_cast<size_t>(states[d - 1]) * k + trie.byte(i)];
-    if (next < 0) {
-      i = trie.subtree_end(i);
-      continue;
-    }
-    states[d] = next;
-    set_tokens(trie, i, allowed);
-    ++i;
-  }
+  walk_automaton(
+      *classes_, dfa_state,
+      [this, k](int32_t state, uint8_t klass) { return next_[static_cast<size_t>(state) * k + klass]; }, allowed);
 }
 
 MaskCache::MaskCache(std::shared_ptr<const TokenTrie> trie, std::vector<TokenId> end_tokens, size_t capacity)
