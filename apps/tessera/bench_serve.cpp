@@ -280,6 +280,10 @@ LevelResult run_level(const Endpoint& ep, const ServeOptions& opt, const Workloa
     done.fetch_add(1);
   };
   std::vector<std::thread> threads;
+  // Out here, not in the closed-loop branch: its client threads take one more index after
+  // their last request and are joined below, after that branch's scope (ASan:
+  // stack-use-after-scope in integration_bench_cli).
+  std::atomic<int> next_index{0};
   if (rate > 0) {
     // Poisson process: exponential gaps, one thread per request so a slow response never
     // delays the next arrival.
@@ -294,7 +298,6 @@ LevelResult run_level(const Endpoint& ep, const ServeOptions& opt, const Workloa
     }
   } else {
     // Closed loop: each client sends its next request as soon as its last one ends.
-    std::atomic<int> next_index{0};
     for (int c = 0; c < concurrency; ++c)
       threads.emplace_back([&] {
         for (int i = next_index.fetch_add(1); i < opt.num_requests; i = next_index.fetch_add(1)) run_request(i);
