@@ -165,7 +165,7 @@ def measure_latency(args) -> dict:
 
 # ----------------------------------------------------------------------------- format sweep
 
-FORMATS = ["Q4_1", "Q4_0", "Q8_0", "Q4_K_M", "Q6_K", "Q5_0"]
+FORMATS = ["Q4_1", "Q4_0", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q5_0"]
 
 
 def format_model(args, fmt: str) -> Path:

@@ -77,7 +77,14 @@ def main():
                     help="load the weights as the file stores them (llama_model_params.use_extra_bufts "
                          "off): llama.cpp's plain ggml_vec_dot kernels instead of its AVX2 repacked "
                          "Q4_0 / Q4_K / IQ4_NL GEMMs, which round differently")
+    ap.add_argument("--no-tiled", action="store_true",
+                    help="GGML_CPU_TILED_MM=0: K-quant (Q4_K, Q5_K, Q6_K, ...) matmuls of 8 or more rows "
+                         "through ggml_vec_dot as single rows are, not llama.cpp's tiled kernel, whose "
+                         "summation order differs (so the fixture does not depend on the batch size)")
     args = ap.parse_args()
+    if args.no_tiled:
+        # Read once by libggml-cpu at its first tiled-eligible matmul: set before the model loads.
+        os.environ["GGML_CPU_TILED_MM"] = "0"
 
     import llama_cpp
     from llama_cpp import Llama
@@ -142,7 +149,8 @@ def main():
         "model_file": os.path.basename(args.model),
         "reference": f"llama-cpp-python {llama_cpp.__version__}",
         "settings": {"n_ctx": args.n_ctx, "kv_cache": "f32", "flash_attn": False, "n_threads": args.threads,
-                     "logits_all": not args.last_logits_only, "repacked_weights": not args.no_repack},
+                     "logits_all": not args.last_logits_only, "repacked_weights": not args.no_repack,
+                     "tiled_kquant_matmul": not args.no_tiled},
         "vocab_size": llm.n_vocab(),
         "logits_file": logits_path.name,
         "num_greedy_tokens": PROMPT_SETS[args.prompts][1],

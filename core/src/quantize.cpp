@@ -24,12 +24,13 @@ struct TargetName {
 };
 
 // LLAMA_FTYPE_ALL_F32 = 0, MOSTLY_F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 7, Q5_0 = 8, Q5_1 = 9,
-// Q4_K_S = 14 (the closest name for all-Q4_K weights), Q6_K = 18, BF16 = 32.
-constexpr std::array<TargetName, 10> kTargets = {{
+// Q4_K_S = 14 (the closest name for all-Q4_K weights), Q5_K_S = 16 (likewise), Q6_K = 18,
+// BF16 = 32.
+constexpr std::array<TargetName, 11> kTargets = {{
     {"F32", GgmlType::F32, 0},   {"F16", GgmlType::F16, 1},   {"BF16", GgmlType::BF16, 32},
     {"Q4_0", GgmlType::Q4_0, 2}, {"Q4_1", GgmlType::Q4_1, 3}, {"Q5_0", GgmlType::Q5_0, 8},
     {"Q5_1", GgmlType::Q5_1, 9}, {"Q8_0", GgmlType::Q8_0, 7}, {"Q4_K", GgmlType::Q4_K, 14},
-    {"Q6_K", GgmlType::Q6_K, 18},
+    {"Q5_K", GgmlType::Q5_K, 16}, {"Q6_K", GgmlType::Q6_K, 18},
 }};
 
 bool is_float_type(GgmlType t) {
@@ -48,6 +49,7 @@ GgmlType fallback(const std::string& name, GgmlType t, int64_t cols, const char*
   if (cols % block == 0) return t;
   GgmlType f = t;
   if (t == GgmlType::Q4_K) f = GgmlType::Q5_0;
+  if (t == GgmlType::Q5_K) f = GgmlType::Q5_1;
   if (t == GgmlType::Q6_K) f = GgmlType::Q8_0;
   if (cols % ggml_type_traits(f).block_size != 0)
     throw std::invalid_argument("tensor '" + name + "': row length " + std::to_string(cols) +
@@ -227,7 +229,7 @@ QuantizeResult quantize_model(const QuantizeOptions& options,
     if (!dequantize_row(t.type, t.data, probe.data(), t.dims[0]))
       throw std::runtime_error(options.input + ": tensor '" + t.name + "' is of type " +
                                ggml_type_name(t.type) + ", which tessera quantize cannot read " +
-                               "(readable: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)");
+                               "(readable: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
     if (!quantize_weight_row(p.to, probe.data(), row.data(), t.dims[0], nullptr))
       throw std::runtime_error("tensor '" + t.name + "': cannot write type " + ggml_type_name(p.to));
   }

@@ -1,4 +1,4 @@
-// quantizer.gguf with the weight types of llama.cpp's Q4_K_M files (Q4_K, Q6_K, and Q5_0 / Q5_1
+// quantizer.gguf with the weight types of llama.cpp's Q4_K_M / Q5_K_M files (Q4_K, Q5_K, Q6_K, and Q5_0 / Q5_1
 // where a width is not a multiple of 256) beside Q8_0: the plugin accepts them, quantizes the
 // input once per dot type (Q8_K, Q8_0, Q8_1), and every output element equals vec_dot of its
 // (weight row, activation row) pair bit for bit, also when one grouped matmul mixes all of
@@ -29,14 +29,15 @@ std::vector<uint8_t> random_weight(GgmlType type, int64_t rows, int64_t cols, ui
   std::mt19937 rng(seed);
   const size_t row_bytes = ggml_row_size(type, cols);
   std::vector<uint8_t> w(row_bytes * rows);
-  if (type == GgmlType::Q4_K || type == GgmlType::Q6_K) {
+  if (type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K) {
     for (auto& b : w) b = static_cast<uint8_t>(rng());
-    // Q4_K: d, dmin are the first two fp16 fields; Q6_K: d is the last 2 bytes of its 210.
-    const size_t block = type == GgmlType::Q4_K ? 144 : 210;
+    // Q4_K / Q5_K: d, dmin are the first two fp16 fields; Q6_K: d is the last 2 bytes of its 210.
+    const bool q6 = type == GgmlType::Q6_K;
+    const size_t block = ggml_type_traits(type).type_size;
     for (size_t off = 0; off < w.size(); off += block) {
-      const uint16_t d = fp32_to_fp16(type == GgmlType::Q4_K ? 0.001f : 0.0003f);
+      const uint16_t d = fp32_to_fp16(q6 ? 0.0003f : 0.001f);
       const uint16_t dmin = fp32_to_fp16(0.0005f);
-      if (type == GgmlType::Q4_K) {
+      if (!q6) {
         std::memcpy(&w[off], &d, 2);
         std::memcpy(&w[off + 2], &dmin, 2);
       } else {
@@ -102,7 +103,7 @@ std::vector<std::vector<float>> run_alone_and_grouped(
 
 }  // namespace
 
-TEST_CASE("quantizer.gguf runs Q4_K, Q6_K, Q5_0 and Q5_1 weights, alone and grouped with Q8_0") {
+TEST_CASE("quantizer.gguf runs Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 weights, alone and grouped with Q8_0") {
   PluginRegistry registry;
   registry.scan_directory(test::plugin_dir());
   PluginContext ctx{&host_logger(), ""};
@@ -112,15 +113,16 @@ TEST_CASE("quantizer.gguf runs Q4_K, Q6_K, Q5_0 and Q5_1 weights, alone and grou
   CHECK(quantizer->supports(static_cast<uint32_t>(GgmlType::Q6_K)));
   CHECK(quantizer->supports(static_cast<uint32_t>(GgmlType::Q5_0)));
   CHECK(quantizer->supports(static_cast<uint32_t>(GgmlType::Q5_1)));
-  CHECK_FALSE(quantizer->supports(static_cast<uint32_t>(GgmlType::Q5_K)));
+  CHECK(quantizer->supports(static_cast<uint32_t>(GgmlType::Q5_K)));
+  CHECK_FALSE(quantizer->supports(static_cast<uint32_t>(GgmlType::Q3_K)));
   CHECK_FALSE(quantizer->supports(static_cast<uint32_t>(GgmlType::Q8_K)));
 
   const int64_t cols = 512;
   const int64_t num_tokens = 5;
-  constexpr int kWeights = 5;
+  constexpr int kWeights = 6;
   const GgmlType types[kWeights] = {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K,
-                                    GgmlType::Q5_0, GgmlType::Q5_1};
-  const int64_t rows[kWeights] = {37, 20, 19, 23, 18};
+                                    GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q5_K};
+  const int64_t rows[kWeights] = {37, 20, 19, 23, 18, 11};
   std::vector<std::vector<uint8_t>> data;
   std::vector<std::unique_ptr<PreparedWeight>> prepared;
   for (int i = 0; i < kWeights; ++i) {
@@ -166,12 +168,17 @@ TEST_CASE("quantizer.gguf runs Q4_K, Q6_K, Q5_0 and Q5_1 weights, alone and grou
   REQUIRE(dequantize_row(GgmlType::Q5_0, data[3].data() + 4 * ggml_row_size(GgmlType::Q5_0, cols),
                          ref.data(), cols));
   CHECK(row == ref);
+  // And a Q5_K row.
+  quantizer->dequantize_row(*prepared[5], 10, row.data());
+  REQUIRE(dequantize_row(GgmlType::Q5_K, data[5].data() + 10 * ggml_row_size(GgmlType::Q5_K, cols),
+                         ref.data(), cols));
+  CHECK(row == ref);
 }
 
-// `layout: interleaved` repacks Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K at load
+// `layout: interleaved` repacks Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K at load
 // (tessera/interleaved.h): each output equals the scalar interleaved kernel on the
 // repacked rows, alone, grouped with the other types, and split over two threads.
-TEST_CASE("quantizer.gguf layout: interleaved: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K repacked") {
+TEST_CASE("quantizer.gguf layout: interleaved: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K repacked") {
   PluginRegistry registry;
   registry.scan_directory(test::plugin_dir());
   PluginContext ctx{&host_logger(), ""};
@@ -180,11 +187,12 @@ TEST_CASE("quantizer.gguf layout: interleaved: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and 
   REQUIRE(quantizer);
   const int64_t cols = 512;
   const int64_t num_tokens = 6;
-  constexpr int kWeights = 6;
-  const GgmlType types[kWeights] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
-                                    GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
-  const char* formats[kWeights] = {"q4_0x8", "q4_1x8", "q5_0x8", "q8_0x8", "q4_Kx8", "q6_Kx8"};
-  const int64_t rows[kWeights] = {37, 20, 19, 41, 18, 9};
+  constexpr int kWeights = 7;
+  const GgmlType types[kWeights] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0,
+                                    GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K};
+  const char* formats[kWeights] = {"q4_0x8", "q4_1x8", "q5_0x8", "q8_0x8",
+                                   "q4_Kx8", "q6_Kx8", "q5_Kx8"};
+  const int64_t rows[kWeights] = {37, 20, 19, 41, 18, 9, 21};
   std::vector<std::vector<uint8_t>> data;
   std::vector<std::unique_ptr<PreparedWeight>> prepared;
   for (int i = 0; i < kWeights; ++i) {

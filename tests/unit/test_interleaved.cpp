@@ -162,9 +162,12 @@ Case make_typed_case(GgmlType type, int64_t rows, int64_t cols, int64_t tokens, 
 }
 
 constexpr GgmlType kInterleavedTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
-                                          GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
+                                          GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+                                          GgmlType::Q6_K};
 
-bool is_k_quant(GgmlType type) { return type == GgmlType::Q4_K || type == GgmlType::Q6_K; }
+bool is_k_quant(GgmlType type) {
+  return type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K;
+}
 
 // Widths to test: multiples of the type's block (256 for the K-quants), down to one block.
 std::vector<int64_t> test_widths(GgmlType type) {
@@ -181,8 +184,9 @@ TEST_CASE("interleave_rows: sizes, zero padding, and every row back unchanged, e
   for (GgmlType type : kInterleavedTypes) {
     CAPTURE(tessera::ggml_type_name(type));
     REQUIRE(tessera::has_interleaved_layout(type));
-    // Q4_K unpacks its 6-bit scales and mins: 32 bytes more per 8-row super-block.
-    const size_t extra = type == GgmlType::Q4_K ? 32 * (1536 / 256) : 0;
+    // Q4_K and Q5_K unpack their 6-bit scales and mins: 32 bytes more per 8-row super-block.
+    const size_t extra =
+        type == GgmlType::Q4_K || type == GgmlType::Q5_K ? 32 * (1536 / 256) : 0;
     CHECK(tessera::interleaved_group_size(type, 1536) == 8 * tessera::ggml_row_size(type, 1536) + extra);
     CHECK(tessera::interleaved_size(type, 17, 512) == 3 * tessera::interleaved_group_size(type, 512));
     const Case c = make_typed_case(type, 13, one_width(type), 1, 3);
@@ -241,7 +245,8 @@ TEST_CASE("interleaved matmul, each type: AVX2 equals scalar bit for bit, any ba
 TEST_CASE("interleaved matmul, each type: within float rounding of ggml's vec_dot") {
   // Both sum d_w d_x isum_b over the same blocks with the same exact integer block sums;
   // they differ only in float rounding, bounded by a few ulps of the sum of |terms|.
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K,
+                        GgmlType::Q5_K, GgmlType::Q6_K}) {
     CAPTURE(tessera::ggml_type_name(type));
     const Case c = make_typed_case(type, 24, 1536, 3, 17);
     std::vector<float> y(static_cast<size_t>(24 * 3));
@@ -265,7 +270,7 @@ TEST_CASE("interleaved matmul, each type: within float rounding of ggml's vec_do
         const float ours = y[t * c.rows + r];
         const float ggml = tessera::vec_dot(type, c.cols, c.w.data() + r * c.w_row_bytes,
                                             c.x.data() + t * c.x_row_bytes);
-        if (type == GgmlType::Q4_K) {
+        if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) {
           // The dequantized weights d sc q - dmin m are rounded in float, so `exact` is not;
           // compare with ggml's vec_dot instead, within rounding of the products' magnitudes.
           double products = 0.0;

@@ -49,6 +49,12 @@ struct Q4_KBlock {
   uint8_t scales[12];
   uint8_t qs[128];
 };
+struct Q5_KBlock {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
 struct Q6_KBlock {
   uint8_t ql[128];
   uint8_t qh[64];
@@ -62,6 +68,7 @@ struct Q8_KBlock {
 };
 static_assert(sizeof(Q4_0Block) == 18 && sizeof(Q4_1Block) == 20 && sizeof(Q8_0Block) == 34 &&
               sizeof(Q8_1Block) == 36 && sizeof(Q4_KBlock) == 144 && sizeof(Q6_KBlock) == 210 &&
+              sizeof(Q5_KBlock) == 176 &&
               sizeof(Q8_KBlock) == 292 && sizeof(Q5_0Block) == 22 && sizeof(Q5_1Block) == 24);
 
 std::vector<float> random_floats(int64_t n, uint32_t seed, float scale = 1.0f) {
@@ -85,7 +92,9 @@ std::vector<float> dequantize(GgmlType type, const void* data, int64_t n) {
   return out;
 }
 
-bool is_k_quant(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_K; }
+bool is_k_quant(GgmlType t) {
+  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+}
 
 // Whether a row of n elements is whole blocks of t (the K-quants need multiples of 256).
 bool fits(GgmlType t, int64_t n) { return n % tessera::ggml_type_traits(t).block_size == 0; }
@@ -108,12 +117,31 @@ std::vector<uint8_t> weight_row(GgmlType t, int64_t n, uint32_t seed, float scal
       auto* b = reinterpret_cast<Q4_KBlock*>(w.data()) + ib;
       b->d = tessera::fp32_to_fp16(scale * 0.002f * u(rng));     // d * 63 * 15 ~ 2 * scale
       b->dmin = tessera::fp32_to_fp16(scale * 0.001f * u(rng));
+    } else if (t == GgmlType::Q5_K) {
+      auto* b = reinterpret_cast<Q5_KBlock*>(w.data()) + ib;
+      b->d = tessera::fp32_to_fp16(scale * 0.001f * u(rng));     // d * 63 * 31 ~ 2 * scale
+      b->dmin = tessera::fp32_to_fp16(scale * 0.001f * u(rng));
     } else {
       auto* b = reinterpret_cast<Q6_KBlock*>(w.data()) + ib;
       b->d = tessera::fp32_to_fp16(scale * 0.0005f * u(rng));    // d * 128 * 32 ~ 2 * scale
     }
   }
   return w;
+}
+
+// ggml's packing of 8 (scale, min) pairs of 6 bits into Q4_K's / Q5_K's 12 bytes: the upper
+// four pairs keep their 2-bit high parts in bytes 0-7.
+void pack_k4_scales(const uint8_t* ls, const uint8_t* lm, uint8_t* scales) {
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      scales[j] = ls[j];
+      scales[j + 4] = lm[j];
+    } else {
+      scales[j + 4] = static_cast<uint8_t>((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+      scales[j - 4] |= static_cast<uint8_t>((ls[j] >> 4) << 6);
+      scales[j] |= static_cast<uint8_t>((lm[j] >> 4) << 6);
+    }
+  }
 }
 
 float max_abs(const float* x, int n) {
@@ -151,7 +179,8 @@ DotCase make_dot_case(GgmlType type, int64_t n, uint32_t seed) {
 
 const GgmlType kDotTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::Q4_0,
                               GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                              GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
+                              GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+                              GgmlType::Q6_K};
 
 // Sum over blocks of |m_w * s_x| for the types with a min term taken from Q8_1's s (Q4_1,
 // Q5_1; 0 for the others). s = fp16(d * sum q) is not fp16(d) * sum q, so the dots of these
@@ -182,21 +211,22 @@ TEST_CASE("dispatch tables: vec_dot_type, has_vec_dot, unsupported types") {
   CHECK(tessera::vec_dot_type(GgmlType::Q4_K) == GgmlType::Q8_K);
   CHECK(tessera::vec_dot_type(GgmlType::Q6_K) == GgmlType::Q8_K);
   CHECK(tessera::vec_dot_type(GgmlType::BF16) == GgmlType::F32);
-  CHECK(tessera::vec_dot_type(GgmlType::Q5_K) == GgmlType::F32);
+  CHECK(tessera::vec_dot_type(GgmlType::Q5_K) == GgmlType::Q8_K);
+  CHECK(tessera::vec_dot_type(GgmlType::Q3_K) == GgmlType::F32);
   for (GgmlType t : kDotTypes) CHECK(tessera::has_vec_dot(t));
   CHECK_FALSE(tessera::has_vec_dot(GgmlType::BF16));
-  CHECK_FALSE(tessera::has_vec_dot(GgmlType::Q5_K));
+  CHECK_FALSE(tessera::has_vec_dot(GgmlType::Q3_K));
   CHECK_FALSE(tessera::has_vec_dot(GgmlType::Q8_K));  // an activation format only
   CHECK(tessera::ggml_row_size(GgmlType::Q8_K, 1024) == 4 * 292);
 
   std::vector<float> f(256, 1.0f);
   std::vector<uint8_t> buf(4096);
-  CHECK_FALSE(tessera::quantize_row(GgmlType::Q5_K, f.data(), buf.data(), 256));
-  CHECK_FALSE(tessera::dequantize_row(GgmlType::Q5_K, buf.data(), f.data(), 256));
-  CHECK_FALSE(tessera::quantize_weight_row(GgmlType::Q5_K, f.data(), buf.data(), 256, nullptr));
+  CHECK_FALSE(tessera::quantize_row(GgmlType::Q3_K, f.data(), buf.data(), 256));
+  CHECK_FALSE(tessera::dequantize_row(GgmlType::Q3_K, buf.data(), f.data(), 256));
+  CHECK_FALSE(tessera::quantize_weight_row(GgmlType::Q3_K, f.data(), buf.data(), 256, nullptr));
   // Misuse is loud, not a silent zero.
-  CHECK(std::isnan(tessera::vec_dot_scalar(GgmlType::Q5_K, 256, buf.data(), buf.data())));
-  CHECK(std::isnan(tessera::vec_dot(GgmlType::Q5_K, 256, buf.data(), buf.data())));
+  CHECK(std::isnan(tessera::vec_dot_scalar(GgmlType::Q3_K, 256, buf.data(), buf.data())));
+  CHECK(std::isnan(tessera::vec_dot(GgmlType::Q3_K, 256, buf.data(), buf.data())));
 }
 
 TEST_CASE("Q8_0 known block: d = amax/127, roundf rounds halves away from zero") {
@@ -558,16 +588,7 @@ TEST_CASE("Q4_K dequantize: 6-bit packed scales/mins and nibble layout") {
   Q4_KBlock b{};
   b.d = tessera::fp32_to_fp16(0.5f);
   b.dmin = tessera::fp32_to_fp16(0.25f);
-  for (int j = 0; j < 8; ++j) {
-    if (j < 4) {
-      b.scales[j] = ls[j];
-      b.scales[j + 4] = lm[j];
-    } else {
-      b.scales[j + 4] = static_cast<uint8_t>((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-      b.scales[j - 4] |= static_cast<uint8_t>((ls[j] >> 4) << 6);
-      b.scales[j] |= static_cast<uint8_t>((lm[j] >> 4) << 6);
-    }
-  }
+  pack_k4_scales(ls, lm, b.scales);
   // q for element e: sub-block e/32; chunk e/64 uses qs[32*(e/64) .. +32], low nibbles for the
   // first 32 elements of the chunk and high nibbles for the second 32.
   uint8_t q[256];
@@ -591,6 +612,45 @@ TEST_CASE("Q4_K dequantize: 6-bit packed scales/mins and nibble layout") {
     CHECK(y[e] == 0.5f * ls[s] * q[e] - 0.25f * lm[s]);
     CHECK(y[256 + e] == -1.0f * ls[s] * q[e] - 0.25f * lm[s]);
   }
+}
+
+TEST_CASE("Q5_K dequantize: Q4_K's scales and nibbles plus a fifth bit at bit e/32 of qh[e%32]") {
+  const uint8_t ls[8] = {1, 2, 3, 63, 33, 17, 48, 5};
+  const uint8_t lm[8] = {0, 7, 63, 1, 50, 16, 2, 31};
+  Q5_KBlock b{};
+  b.d = tessera::fp32_to_fp16(0.5f);
+  b.dmin = tessera::fp32_to_fp16(0.25f);
+  pack_k4_scales(ls, lm, b.scales);
+  uint8_t q[256];  // 5-bit codes, every value 0..31 present
+  for (int e = 0; e < 256; ++e) q[e] = static_cast<uint8_t>((e * 13 + e / 32) & 31);
+  for (int e = 0; e < 256; ++e) {
+    const int chunk = e / 64, l = e % 32;
+    const uint8_t low = q[e] & 0xF;
+    if ((e % 64) < 32) {
+      b.qs[chunk * 32 + l] = static_cast<uint8_t>((b.qs[chunk * 32 + l] & 0xF0) | low);
+    } else {
+      b.qs[chunk * 32 + l] = static_cast<uint8_t>((b.qs[chunk * 32 + l] & 0x0F) | (low << 4));
+    }
+    if (q[e] & 16) b.qh[l] = static_cast<uint8_t>(b.qh[l] | (1 << (e / 32)));
+  }
+  float y[512];
+  Q5_KBlock two[2] = {b, b};
+  two[1].d = tessera::fp32_to_fp16(-1.0f);
+  REQUIRE(tessera::dequantize_row(GgmlType::Q5_K, two, y, 512));
+  for (int e = 0; e < 256; ++e) {
+    const int s = e / 32;
+    CHECK(y[e] == 0.5f * ls[s] * q[e] - 0.25f * lm[s]);
+    CHECK(y[256 + e] == -1.0f * ls[s] * q[e] - 0.25f * lm[s]);
+  }
+  // The reference quantizer writes this layout back: a row made of these exact values
+  // round-trips to the same values.
+  std::vector<uint8_t> again(176);
+  REQUIRE(tessera::quantize_row(GgmlType::Q5_K, y, again.data(), 256));
+  float y2[256];
+  REQUIRE(tessera::dequantize_row(GgmlType::Q5_K, again.data(), y2, 256));
+  double max_err = 0.0;
+  for (int e = 0; e < 256; ++e) max_err = std::max(max_err, std::fabs(double(y2[e]) - y[e]));
+  CHECK(max_err <= 0.5 * 0.5 * 63 + 1e-6);  // within half a step of the largest sub-block scale
 }
 
 TEST_CASE("Q6_K dequantize: 4+2 bit quants, signed 8-bit scales per 16 elements") {
@@ -710,6 +770,15 @@ TEST_CASE("K-quant dots on extreme quants are exact in every implementation") {
   const float want4 = 256.0f * 63 * 15 * 127 - 256.0f * 63 * 127;  // 28675584
   CHECK(tessera::vec_dot_scalar(GgmlType::Q4_K, 256, &w4, &x) == want4);
   CHECK(tessera::vec_dot(GgmlType::Q4_K, 256, &w4, &x) == want4);
+
+  Q5_KBlock w5{};
+  w5.d = w5.dmin = 0x3C00;
+  std::memset(w5.scales, 0xFF, sizeof w5.scales);
+  std::memset(w5.qs, 0xFF, sizeof w5.qs);
+  std::memset(w5.qh, 0xFF, sizeof w5.qh);                     // all quants 31
+  const float want5 = 256.0f * 63 * 31 * 127 - 256.0f * 63 * 127;  // 61046784
+  CHECK(tessera::vec_dot_scalar(GgmlType::Q5_K, 256, &w5, &x) == want5);
+  CHECK(tessera::vec_dot(GgmlType::Q5_K, 256, &w5, &x) == want5);
 
   Q6_KBlock w6{};
   w6.d = 0x3C00;

@@ -81,7 +81,8 @@ std::pair<double, double> weighted_error(GgmlType type, const std::vector<float>
 }
 
 const GgmlType kWeightTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                                 GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
+                                 GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+                                 GgmlType::Q6_K};
 
 }  // namespace
 
@@ -92,7 +93,7 @@ TEST_CASE("every weight type round-trips gaussian rows within its error bound") 
   const std::pair<GgmlType, double> bounds[] = {
       {GgmlType::Q4_0, 0.107}, {GgmlType::Q4_1, 0.097}, {GgmlType::Q5_0, 0.053},
       {GgmlType::Q5_1, 0.047}, {GgmlType::Q8_0, 0.0067}, {GgmlType::Q4_K, 0.089},
-      {GgmlType::Q6_K, 0.022}};
+      {GgmlType::Q5_K, 0.046}, {GgmlType::Q6_K, 0.022}};
   const int64_t cols = 512;
   const std::vector<float> x = gaussian(cols * 16, 7);
   const std::vector<float> ones(cols, 1.0f);
@@ -108,7 +109,7 @@ TEST_CASE("every weight type round-trips gaussian rows within its error bound") 
 
 TEST_CASE("quantize_row writes the K-quants too, the same bytes as quantize_weight_row without importance") {
   const std::vector<float> x = gaussian(1024, 3);
-  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     std::vector<uint8_t> a(ggml_row_size(type, 1024)), b(a.size());
     REQUIRE(quantize_row(type, x.data(), a.data(), 1024));
     REQUIRE(quantize_weight_row(type, x.data(), b.data(), 1024, nullptr));
@@ -148,7 +149,8 @@ TEST_CASE("importance weighting lowers the importance-weighted error of every se
 
 TEST_CASE("bit-identical to llama-quantize on the real model (SHA-256 fixtures from the peer)") {
   // Labels are "TYPE [--pure] [--imatrix]": llama-quantize --allow-requantize [--pure]
-  // [--imatrix synthetic.imatrix] of the default model (Q4_K: ftype Q4_K_S with --pure).
+  // [--imatrix synthetic.imatrix] of the default model (Q4_K / Q5_K: ftype Q4_K_S / Q5_K_S
+  // with --pure).
   // synthetic.imatrix holds lognormal importances for the blk.0 and blk.29 weights only.
   if (!test::have_real_model()) return;
   const fs::path dir = test::source_dir() / "tests/fixtures/quantize";
@@ -180,7 +182,7 @@ TEST_CASE("bit-identical to llama-quantize on the real model (SHA-256 fixtures f
       ++checked;
     }
   }
-  CHECK(checked == 13 * 13);
+  CHECK(checked == 15 * 13);
   CHECK(weighted >= 5 * 8);  // the importance path is exercised, not only the copies
 }
 
@@ -270,13 +272,13 @@ TEST_CASE("quantize_model writes a loadable file with llama.cpp's metadata and c
 
   SUBCASE("a source type it cannot read is one error naming the tensor, and no file") {
     gguf::GgufWriter bad;
-    bad.add_tensor("blk.0.attn_q.weight", {256, 1}, GgmlType::Q5_K, std::vector<uint8_t>(176, 0));
-    const std::string bad_in = (dir / "q5k.gguf").string();
+    bad.add_tensor("blk.0.attn_q.weight", {256, 1}, GgmlType::Q3_K, std::vector<uint8_t>(110, 0));
+    const std::string bad_in = (dir / "q3k.gguf").string();
     bad.write(bad_in);
     o.input = bad_in;
     o.output = (dir / "never.gguf").string();
     CHECK_THROWS_WITH(quant::quantize_model(o),
-                      doctest::Contains("tensor 'blk.0.attn_q.weight' is of type q5_K"));
+                      doctest::Contains("tensor 'blk.0.attn_q.weight' is of type q3_K"));
     CHECK_FALSE(fs::exists(o.output));
   }
   SUBCASE("the output may not be the input") {

@@ -1,4 +1,4 @@
-// Interleaved Q4_1, Q4_0, Q5_0 and Q8_0: the repacking, the scalar kernels (the reference and
+// Interleaved Q4_1, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K: the repacking, the scalar kernels (the reference and
 // the fallback on CPUs without AVX2) and the run-time dispatch. See tessera/interleaved.h for
 // the layouts and the order.
 #include "tessera/sdk/kernels/interleaved.h"
@@ -26,6 +26,8 @@ using kernels::BlockQ8_0x8;
 using kernels::BlockQ8_1;
 using kernels::BlockQ4_K;
 using kernels::BlockQ4_Kx8;
+using kernels::BlockQ5_K;
+using kernels::BlockQ5_Kx8;
 using kernels::BlockQ6_K;
 using kernels::BlockQ6_Kx8;
 using kernels::BlockQ8_K;
@@ -258,24 +260,35 @@ NibbleAt q4_k_packed_at(int j, int e) {
   const int w = e % 32;
   return {e / 32, 32 * ((w % 16) / 4) + 4 * j + w % 4, w < 16 ? 0 : 4};
 }
-int q4_k_packed_value(const BlockQ4_Kx8& p, int j, int e) {
-  const NibbleAt at = q4_k_packed_at(j, e);
-  return (p.qs[at.group][at.byte] >> at.shift) & 0xF;
-}
 NibbleAt q4_k_at(int e) { return {0, 32 * (e / 64) + e % 32, e % 64 < 32 ? 0 : 4}; }
 
-void interleave_q4_k(const void* src, int64_t rows, int64_t cols, void* dst) {
+// Q5_K's fifth bits: element e of a GGUF block at bit e / 32 of qh[e % 32]; in a BlockQ5_Kx8,
+// at Q5_0x8's place for element e % 32 in qh[e / 32].
+struct BitAt {
+  int group, byte, bit;
+};
+BitAt q5_k_fifth_packed_at(int j, int e) {
+  const int w = e % 32;
+  return {e / 32, 4 * j + w % 4, 2 * ((w % 16) / 4) + w / 16};
+}
+BitAt q5_k_fifth_at(int e) { return {0, e % 32, e / 32}; }
+
+// Q4_K and Q5_K share the interleaving of their scales, mins and nibbles; Q5_K adds its
+// fifth bits (Packed::qh).
+template <typename Block, typename Packed>
+void interleave_k4(const void* src, int64_t rows, int64_t cols, void* dst) {
+  constexpr bool kFifth = std::is_same_v<Block, BlockQ5_K>;
   const int64_t nb = cols / kernels::kQK_K;
-  const auto* in = static_cast<const BlockQ4_K*>(src);
-  auto* out = static_cast<BlockQ4_Kx8*>(dst);
+  const auto* in = static_cast<const Block*>(src);
+  auto* out = static_cast<Packed*>(dst);
   for (int64_t g = 0; g < num_groups(rows); ++g) {
     for (int64_t b = 0; b < nb; ++b) {
-      BlockQ4_Kx8& o = out[g * nb + b];
+      Packed& o = out[g * nb + b];
       std::memset(&o, 0, sizeof o);  // rows past the end: all zero
       for (int j = 0; j < kInterleaveRows; ++j) {
         const int64_t r = g * kInterleaveRows + j;
         if (r >= rows) break;
-        const BlockQ4_K& blk = in[r * nb + b];
+        const Block& blk = in[r * nb + b];
         o.d[j] = blk.d;
         o.dmin[j] = blk.dmin;
         for (int sb = 0; sb < kernels::kQK_K / 32; ++sb)
@@ -285,19 +298,27 @@ void interleave_q4_k(const void* src, int64_t rows, int64_t cols, void* dst) {
           const int q = (blk.qs[from.byte] >> from.shift) & 0xF;
           uint8_t& byte = o.qs[to.group][to.byte];
           byte = static_cast<uint8_t>(byte | (q << to.shift));
+          if constexpr (kFifth) {
+            const BitAt hf = q5_k_fifth_at(e), ht = q5_k_fifth_packed_at(j, e);
+            const int h = (blk.qh[hf.byte] >> hf.bit) & 1;
+            uint8_t& hbyte = o.qh[ht.group][ht.byte];
+            hbyte = static_cast<uint8_t>(hbyte | (h << ht.bit));
+          }
         }
       }
     }
   }
 }
 
-void deinterleave_q4_k_row(const void* packed, int64_t cols, int64_t row, void* dst) {
+template <typename Block, typename Packed>
+void deinterleave_k4_row(const void* packed, int64_t cols, int64_t row, void* dst) {
+  constexpr bool kFifth = std::is_same_v<Block, BlockQ5_K>;
   const int64_t nb = cols / kernels::kQK_K;
   const int j = static_cast<int>(row % kInterleaveRows);
-  const auto* in = static_cast<const BlockQ4_Kx8*>(packed) + (row / kInterleaveRows) * nb;
-  auto* out = static_cast<BlockQ4_K*>(dst);
+  const auto* in = static_cast<const Packed*>(packed) + (row / kInterleaveRows) * nb;
+  auto* out = static_cast<Block*>(dst);
   for (int64_t b = 0; b < nb; ++b) {
-    BlockQ4_K blk{};
+    Block blk{};
     blk.d = in[b].d[j];
     blk.dmin = in[b].dmin[j];
     // get_scale_min_k4's packing, inverted: 0-3 in the low 6 bits of bytes 0-3 / 4-7, 4-7 in
@@ -314,23 +335,41 @@ void deinterleave_q4_k_row(const void* packed, int64_t cols, int64_t row, void* 
       }
     }
     for (int e = 0; e < kernels::kQK_K; ++e) {
-      const NibbleAt to = q4_k_at(e);
-      blk.qs[to.byte] = static_cast<uint8_t>(blk.qs[to.byte] | (q4_k_packed_value(in[b], j, e) << to.shift));
+      const NibbleAt to = q4_k_at(e), from = q4_k_packed_at(j, e);
+      const int q = (in[b].qs[from.group][from.byte] >> from.shift) & 0xF;
+      blk.qs[to.byte] = static_cast<uint8_t>(blk.qs[to.byte] | (q << to.shift));
+      if constexpr (kFifth) {
+        const BitAt ht = q5_k_fifth_at(e), hf = q5_k_fifth_packed_at(j, e);
+        const int h = (in[b].qh[hf.group][hf.byte] >> hf.bit) & 1;
+        blk.qh[ht.byte] = static_cast<uint8_t>(blk.qh[ht.byte] | (h << ht.bit));
+      }
     }
     std::memcpy(&out[b], &blk, sizeof blk);
   }
 }
 
+// Element e's quant (0..15 for Q4_K, 0..31 for Q5_K) of row j in an interleaved super-block.
+int k4_packed_value(const BlockQ4_Kx8& p, int j, int e) {
+  const NibbleAt at = q4_k_packed_at(j, e);
+  return (p.qs[at.group][at.byte] >> at.shift) & 0xF;
+}
+int k4_packed_value(const BlockQ5_Kx8& p, int j, int e) {
+  const NibbleAt at = q4_k_packed_at(j, e);
+  const BitAt h = q5_k_fifth_packed_at(j, e);
+  return ((p.qs[at.group][at.byte] >> at.shift) & 0xF) | (((p.qh[h.group][h.byte] >> h.bit) & 1) << 4);
+}
+
 // Per super-block: isum = sum over the 8 sub-blocks of scale * sum(q * x), imin = sum of
 // min * (the sub-block's two Q8_K bsums), both exact;
 // acc = fma(d_w * d_x, float(isum), acc); acc = fma(-(dmin_w * d_x), float(imin), acc).
-void matmul_q4_k_scalar(const void* packed, int64_t cols, int64_t w_rows, const void* x,
-                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
+template <typename Packed>
+void matmul_k4_scalar(const void* packed, int64_t cols, int64_t w_rows, const void* x,
+                      size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
   const int64_t nb = cols / kernels::kQK_K;
-  const auto* groups = static_cast<const BlockQ4_Kx8*>(packed);
+  const auto* groups = static_cast<const Packed*>(packed);
   const auto* xb = static_cast<const uint8_t*>(x);
   for (int64_t r = 0; r < w_rows; ++r) {
-    const BlockQ4_Kx8* w = groups + (r / kInterleaveRows) * nb;
+    const Packed* w = groups + (r / kInterleaveRows) * nb;
     const int j = static_cast<int>(r % kInterleaveRows);
     for (int64_t t = 0; t < x_rows; ++t) {
       const auto* a = reinterpret_cast<const BlockQ8_K*>(xb + t * x_stride);
@@ -339,7 +378,7 @@ void matmul_q4_k_scalar(const void* packed, int64_t cols, int64_t w_rows, const 
         int32_t isum = 0, imin = 0;
         for (int sb = 0; sb < kernels::kQK_K / 32; ++sb) {
           int32_t sub = 0;
-          for (int e = 32 * sb; e < 32 * sb + 32; ++e) sub += q4_k_packed_value(w[b], j, e) * a[b].qs[e];
+          for (int e = 32 * sb; e < 32 * sb + 32; ++e) sub += k4_packed_value(w[b], j, e) * a[b].qs[e];
           isum += w[b].scales[sb][j] * sub;
           imin += w[b].mins[sb][j] * (a[b].bsums[2 * sb] + a[b].bsums[2 * sb + 1]);
         }
@@ -360,13 +399,15 @@ size_t packed_block_size(GgmlType type) {
     case GgmlType::Q5_0: return sizeof(BlockQ5_0x8);
     case GgmlType::Q8_0: return sizeof(BlockQ8_0x8);
     case GgmlType::Q4_K: return sizeof(BlockQ4_Kx8);
+    case GgmlType::Q5_K: return sizeof(BlockQ5_Kx8);
     case GgmlType::Q6_K: return sizeof(BlockQ6_Kx8);
     default: return 0;
   }
 }
 
 int64_t block_elements(GgmlType type) {
-  return type == GgmlType::Q4_K || type == GgmlType::Q6_K ? kernels::kQK_K : kBlock;
+  return type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K ? kernels::kQK_K
+                                                                                  : kBlock;
 }
 
 }  // namespace
@@ -414,7 +455,8 @@ void interleave_rows(GgmlType type, const void* src, int64_t rows, int64_t cols,
     case GgmlType::Q4_1: return interleave_q4_1(src, rows, cols, dst);
     case GgmlType::Q5_0: return interleave_as<BlockQ5_0, BlockQ5_0x8>(src, rows, cols, dst);
     case GgmlType::Q8_0: return interleave_as<BlockQ8_0, BlockQ8_0x8>(src, rows, cols, dst);
-    case GgmlType::Q4_K: return interleave_q4_k(src, rows, cols, dst);
+    case GgmlType::Q4_K: return interleave_k4<BlockQ4_K, BlockQ4_Kx8>(src, rows, cols, dst);
+    case GgmlType::Q5_K: return interleave_k4<BlockQ5_K, BlockQ5_Kx8>(src, rows, cols, dst);
     case GgmlType::Q6_K: return interleave_q6_k(src, rows, cols, dst);
     default: return;
   }
@@ -426,7 +468,8 @@ void deinterleave_row(GgmlType type, const void* packed, int64_t cols, int64_t r
     case GgmlType::Q4_1: return deinterleave_q4_1_row(packed, cols, row, dst);
     case GgmlType::Q5_0: return deinterleave_as<BlockQ5_0, BlockQ5_0x8>(packed, cols, row, dst);
     case GgmlType::Q8_0: return deinterleave_as<BlockQ8_0, BlockQ8_0x8>(packed, cols, row, dst);
-    case GgmlType::Q4_K: return deinterleave_q4_k_row(packed, cols, row, dst);
+    case GgmlType::Q4_K: return deinterleave_k4_row<BlockQ4_K, BlockQ4_Kx8>(packed, cols, row, dst);
+    case GgmlType::Q5_K: return deinterleave_k4_row<BlockQ5_K, BlockQ5_Kx8>(packed, cols, row, dst);
     case GgmlType::Q6_K: return deinterleave_q6_k_row(packed, cols, row, dst);
     default: return;
   }
@@ -445,7 +488,9 @@ void matmul_interleaved_scalar(GgmlType type, const void* packed, int64_t cols, 
     case GgmlType::Q8_0:
       return matmul_scalar_as<BlockQ8_0x8, BlockQ8_0>(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
     case GgmlType::Q4_K:
-      return matmul_q4_k_scalar(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
+      return matmul_k4_scalar<BlockQ4_Kx8>(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
+    case GgmlType::Q5_K:
+      return matmul_k4_scalar<BlockQ5_Kx8>(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
     case GgmlType::Q6_K:
       return matmul_q6_k_scalar(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
     default: return;
@@ -474,6 +519,9 @@ void matmul_interleaved(GgmlType type, const void* packed, int64_t cols, int64_t
                                            xb, x_stride, x_rows, y, y_stride);
       case GgmlType::Q4_K:
         return kernels::matmul_q4_kx8_avx2(nb, static_cast<const BlockQ4_Kx8*>(packed), w_rows,
+                                           xb, x_stride, x_rows, y, y_stride);
+      case GgmlType::Q5_K:
+        return kernels::matmul_q5_kx8_avx2(nb, static_cast<const BlockQ5_Kx8*>(packed), w_rows,
                                            xb, x_stride, x_rows, y, y_stride);
       case GgmlType::Q6_K:
         return kernels::matmul_q6_kx8_avx2(nb, static_cast<const BlockQ6_Kx8*>(packed), w_rows,

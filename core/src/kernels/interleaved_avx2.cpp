@@ -1,5 +1,5 @@
 // AVX2 kernels of the interleaved layouts (tessera/interleaved.h): Q4_1 against Q8_1
-// activations, Q4_0, Q5_0 and Q8_0 against Q8_0. Lane j of every vector belongs to weight row
+// activations, Q4_0, Q5_0 and Q8_0 against Q8_0, Q4_K, Q5_K and Q6_K against Q8_K. Lane j of every vector belongs to weight row
 // j of the group and one activation word is broadcast to all lanes, so each row's block sum
 // builds up vertically and exactly, and is widened, converted and scaled once per 8 rows:
 // - Q4_1 / Q4_0 / Q5_0: vpmaddubsw of the unsigned quants q (0..15, or 0..31 with Q5_0's fifth
@@ -240,8 +240,10 @@ struct Q6_KFormat {
 // 15 * 128 fit int16) times the 8 rows' 6-bit scales of s; the mins' term
 // sum(min * (bsum 2s + bsum 2s+1)) in n (each min in the low int16 lane of its row's pair, so
 // vpmaddwd gives min * bsum exactly), scaled by dmin_w d_x in group_pass.
-struct Q4_KFormat {
-  using Block = BlockQ4_Kx8;
+// Q5_K the same with Q5_0's fifth bits (8 products of at most 31 * 128 per int16 lane).
+template <class B, bool kFifth>
+struct K4Format {
+  using Block = B;
   using XBlock = BlockQ8_K;
   static constexpr int kOffset = 0;
   static constexpr bool kHasMin = false;
@@ -258,7 +260,9 @@ struct Q4_KFormat {
       const __m256i mn =
           _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mins[sb])));
       __m256i h0, h1, h2, h3;
-      nibble_sums<T, false>(b.qs[sb], nullptr, x0.qs + 32 * sb, x1.qs + 32 * sb, x2.qs + 32 * sb,
+      const uint8_t* qh = nullptr;
+      if constexpr (kFifth) qh = b.qh[sb];
+      nibble_sums<T, kFifth>(b.qs[sb], qh, x0.qs + 32 * sb, x1.qs + 32 * sb, x2.qs + 32 * sb,
                             x3.qs + 32 * sb, h0, h1, h2, h3);
 #define TESSERA_SUB(s, h, n, x)                                                            \
       s = _mm256_add_epi32(s, _mm256_mullo_epi32(h, sc));                                  \
@@ -272,6 +276,9 @@ struct Q4_KFormat {
     }
   }
 };
+
+using Q4_KFormat = K4Format<BlockQ4_Kx8, false>;
+using Q5_KFormat = K4Format<BlockQ5_Kx8, true>;
 
 inline float x_scale(const BlockQ8_0& x) { return _cvtsh_ss(x.d); }
 inline float x_scale(const BlockQ8_1& x) { return _cvtsh_ss(x.d); }
@@ -432,6 +439,11 @@ void matmul_q8_0x8_avx2(int64_t nb, const BlockQ8_0x8* w, int64_t w_rows, const 
 void matmul_q4_kx8_avx2(int64_t nb, const BlockQ4_Kx8* w, int64_t w_rows, const uint8_t* x,
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
   matmul_x8<Q4_KFormat>(nb, w, w_rows, x, x_stride, x_rows, y, y_stride);
+}
+
+void matmul_q5_kx8_avx2(int64_t nb, const BlockQ5_Kx8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
+  matmul_x8<Q5_KFormat>(nb, w, w_rows, x, x_stride, x_rows, y, y_stride);
 }
 
 void matmul_q6_kx8_avx2(int64_t nb, const BlockQ6_Kx8* w, int64_t w_rows, const uint8_t* x,

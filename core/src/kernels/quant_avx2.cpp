@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "quant_blocks.h"
@@ -279,6 +280,64 @@ float vec_dot_q4_k_q8_k_avx2(int64_t n, const void* w, const void* xv) {
   acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
   acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
   return hsum_float_8(acc) + _mm_cvtss_f32(acc_m);
+}
+
+// ggml's AVX2 Q5_K dot: Q4_K's with the fifth bits moved to bit 4 of each quant, and the min
+// term summed in one float, `summs += dmin * isum` per super-block, rounded after the multiply
+// and after the add (ggml's C is not contracted into an FMA, as in the Q4_1 / Q5_1 dots).
+float vec_dot_q5_k_q8_k_avx2(int64_t n, const void* w, const void* xv) {
+  const auto* x = static_cast<const BlockQ5_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(xv);
+  const int64_t nb = n / kQK_K;
+  const __m256i low4 = _mm256_set1_epi8(0xF);
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = y[i].d * half_to_float(x[i].d);
+    const float dmin = -y[i].d * half_to_float(x[i].dmin);
+    const __m256i sc_mn = _mm256_cvtepu8_epi16(q4_k_scales_and_mins(x[i].scales));
+
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    const __m128i q8_32 = _mm_hadd_epi16(_mm256_castsi256_si128(bsums),
+                                         _mm256_extracti128_si256(bsums, 1));
+    const __m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sc_mn, 1), q8_32);
+    __m128i isum = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, 0x4E));
+    isum = _mm_add_epi32(isum, _mm_shuffle_epi32(isum, 0xB1));  // exact: any order
+    summs = std::fma(dmin, static_cast<float>(_mm_cvtsi128_si32(isum)), summs);
+
+    const __m128i sc128 = _mm256_castsi256_si128(sc_mn);
+    const __m256i scales = _mm256_set_m128i(sc128, sc128);
+    const __m256i hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
+    const uint8_t* q5 = x[i].qs;
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < kQK_K / 64; ++j) {
+      const __m256i scale_lo = _mm256_shuffle_epi8(scales, broadcast_i16_control(2 * j));
+      const __m256i scale_hi = _mm256_shuffle_epi8(scales, broadcast_i16_control(2 * j + 1));
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q5));
+      q5 += 32;
+      // Fifth bits of sub-blocks 2j and 2j+1 (bits 2j, 2j+1 of each qh byte) to bit 4.
+      const __m256i fifth = _mm256_set1_epi8(0x10);
+      const __m256i h_lo = (2 * j <= 4)
+          ? _mm256_and_si256(_mm256_slli_epi16(hbits, 4 - 2 * j), fifth)
+          : _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j - 4), fifth);
+      const __m256i h_hi = (2 * j + 1 <= 4)
+          ? _mm256_and_si256(_mm256_slli_epi16(hbits, 3 - 2 * j), fifth)
+          : _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j - 3), fifth);
+      const __m256i q5_lo = _mm256_or_si256(_mm256_and_si256(bits, low4), h_lo);
+      const __m256i q5_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low4), h_hi);
+      // maddubs cannot saturate: two products of a 5-bit quant and an int8 are within +-7936.
+      const __m256i q8_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8));
+      q8 += 32;
+      const __m256i p_lo = _mm256_madd_epi16(scale_lo, _mm256_maddubs_epi16(q5_lo, q8_lo));
+      const __m256i q8_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8));
+      q8 += 32;
+      const __m256i p_hi = _mm256_madd_epi16(scale_hi, _mm256_maddubs_epi16(q5_hi, q8_hi));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum_float_8(acc) + summs;
 }
 
 float vec_dot_q6_k_q8_k_avx2(int64_t n, const void* w, const void* xv) {

@@ -69,6 +69,17 @@ struct BlockQ4_K {
 };
 static_assert(sizeof(BlockQ4_K) == 144, "must match ggml's block_q4_K");
 
+// Q4_K plus a fifth bit per quant: element 32 s + l (sub-block s, 0 <= l < 32) has its low 4
+// bits where Q4_K keeps them and its fifth bit at bit s of qh[l].
+struct BlockQ5_K {
+  uint16_t d;                      // fp16 super-block scale of the 6-bit scales
+  uint16_t dmin;                   // fp16 super-block scale of the 6-bit mins
+  uint8_t scales[kKScaleSize];     // as Q4_K
+  uint8_t qh[kQK_K / 8];           // fifth bits
+  uint8_t qs[kQK_K / 2];           // low 4 bits, in Q4_K's nibble order
+};
+static_assert(sizeof(BlockQ5_K) == 176, "must match ggml's block_q5_K");
+
 struct BlockQ6_K {
   uint8_t ql[kQK_K / 2];      // low 4 bits of the quants
   uint8_t qh[kQK_K / 4];      // high 2 bits of the quants
@@ -147,6 +158,19 @@ struct BlockQ4_Kx8 {
 };
 static_assert(sizeof(BlockQ4_Kx8) == 8 * sizeof(BlockQ4_K) + 32);
 
+// Super-block b of 8 interleaved Q5_K rows: Q4_Kx8 plus, per 32-element sub-block s, the
+// rows' fifth bits in Q5_0x8's order (bit 2 k + h of byte 4 j + i of qh[s] is the fifth bit of
+// element 16 h + 4 k + i of sub-block s of row j). 32 bytes more than 8 rows of Q5_K.
+struct BlockQ5_Kx8 {
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t scales[kQK_K / 32][8];
+  uint8_t mins[kQK_K / 32][8];
+  uint8_t qh[kQK_K / 32][32];
+  uint8_t qs[kQK_K / 32][128];
+};
+static_assert(sizeof(BlockQ5_Kx8) == 8 * sizeof(BlockQ5_K) + 32);
+
 // ggml's nearest_int: adding 1.5 * 2^23 leaves round(fval) (to nearest, ties to even, in the
 // default rounding mode) in the low mantissa bits. Valid for |fval| < 2^22. The addition must
 // be a separate float operation (callers include tessera/fp_contract_off.h).
@@ -178,6 +202,7 @@ float vec_dot_q5_0_q8_0_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q5_1_q8_1_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q8_0_q8_0_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q4_k_q8_k_avx2(int64_t n, const void* w, const void* x);
+float vec_dot_q5_k_q8_k_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_q6_k_q8_k_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_f16_avx2(int64_t n, const void* w, const void* x);
 float vec_dot_f32_avx2(int64_t n, const void* w, const void* x);
@@ -211,8 +236,10 @@ void matmul_q5_0x8_avx2(int64_t nb, const BlockQ5_0x8* w, int64_t w_rows, const 
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
 void matmul_q8_0x8_avx2(int64_t nb, const BlockQ8_0x8* w, int64_t w_rows, const uint8_t* x,
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
-// Interleaved Q4_K / Q6_K x Q8_K; nb counts 256-element super-blocks.
+// Interleaved Q4_K / Q5_K / Q6_K x Q8_K; nb counts 256-element super-blocks.
 void matmul_q4_kx8_avx2(int64_t nb, const BlockQ4_Kx8* w, int64_t w_rows, const uint8_t* x,
+                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+void matmul_q5_kx8_avx2(int64_t nb, const BlockQ5_Kx8* w, int64_t w_rows, const uint8_t* x,
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
 void matmul_q6_kx8_avx2(int64_t nb, const BlockQ6_Kx8* w, int64_t w_rows, const uint8_t* x,
                         size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);

@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <limits>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -28,6 +29,7 @@ using kernels::BlockQ4_1;
 using kernels::BlockQ4_K;
 using kernels::BlockQ5_0;
 using kernels::BlockQ5_1;
+using kernels::BlockQ5_K;
 using kernels::BlockQ6_K;
 using kernels::BlockQ8_0;
 using kernels::BlockQ8_1;
@@ -138,6 +140,36 @@ void dequantize_row_q4_k(const BlockQ4_K* x, float* y, int64_t n) {
       for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
       q += 32;
       is += 2;
+    }
+  }
+}
+
+// ggml's dequantize_row_q5_K: Q4_K's layout, each quant plus 16 where its fifth bit is set
+// (bit s of qh[l] for element 32 s + l).
+void dequantize_row_q5_k(const BlockQ5_K* x, float* y, int64_t n) {
+  const int64_t nb = n / kQK_K;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* ql = x[i].qs;
+    const uint8_t* qh = x[i].qh;
+    const float d = fp16_to_fp32(x[i].d);
+    const float min = fp16_to_fp32(x[i].dmin);
+    int is = 0;
+    uint8_t sc = 0;
+    uint8_t m = 0;
+    uint8_t u1 = 1, u2 = 2;
+    for (int j = 0; j < kQK_K; j += 64) {
+      get_scale_min_k4(is + 0, x[i].scales, &sc, &m);
+      const float d1 = d * sc;
+      const float m1 = min * m;
+      get_scale_min_k4(is + 1, x[i].scales, &sc, &m);
+      const float d2 = d * sc;
+      const float m2 = min * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+      ql += 32;
+      is += 2;
+      u1 = static_cast<uint8_t>(u1 << 2);
+      u2 = static_cast<uint8_t>(u2 << 2);
     }
   }
 }
@@ -485,8 +517,10 @@ float vec_dot_q8_0_q8_0_ref(int64_t n, const BlockQ8_0* x, const BlockQ8_0* y) {
 
 // Q4_K: w = d * sc * q - dmin * m per 32-element sub-block, so the dot is
 // d_w d_x sum(sc * q * q8) - dmin_w d_x sum(m * q8), and sum(q8) over a sub-block is the two
-// bsums of its 16-element halves.
-float vec_dot_q4_k_q8_k_ref(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
+// bsums of its 16-element halves. Q5_K the same with 5-bit quants (its fifth bit of element
+// 32 s + l at bit s of qh[l]).
+template <typename Block>
+float vec_dot_k4_q8_k_ref(int64_t n, const Block* x, const BlockQ8_K* y) {
   const int64_t nb = n / kQK_K;
   float sums[8] = {};
   float sumf = 0.0f;
@@ -494,11 +528,16 @@ float vec_dot_q4_k_q8_k_ref(int64_t n, const BlockQ4_K* x, const BlockQ8_K* y) {
     uint8_t sc[8];
     uint8_t mn[8];
     for (int j = 0; j < 8; ++j) get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
-    int8_t q[kQK_K];  // the 4-bit quants in element order
+    int8_t q[kQK_K];  // the quants in element order
     for (int j = 0; j < kQK_K / 64; ++j) {
       for (int l = 0; l < 32; ++l) {
-        q[64 * j + l] = static_cast<int8_t>(x[i].qs[32 * j + l] & 0xF);
-        q[64 * j + 32 + l] = static_cast<int8_t>(x[i].qs[32 * j + l] >> 4);
+        int lo = x[i].qs[32 * j + l] & 0xF, hi = x[i].qs[32 * j + l] >> 4;
+        if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+          lo |= ((x[i].qh[l] >> (2 * j)) & 1) << 4;
+          hi |= ((x[i].qh[l] >> (2 * j + 1)) & 1) << 4;
+        }
+        q[64 * j + l] = static_cast<int8_t>(lo);
+        q[64 * j + 32 + l] = static_cast<int8_t>(hi);
       }
     }
     int sumi = 0;
@@ -599,6 +638,9 @@ bool dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
     case GgmlType::Q4_K:
       dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n);
       return true;
+    case GgmlType::Q5_K:
+      dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, n);
+      return true;
     case GgmlType::Q6_K:
       dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n);
       return true;
@@ -647,6 +689,7 @@ bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
       quantize_row_q8_k(src, static_cast<BlockQ8_K*>(dst), n);
       return true;
     case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
     case GgmlType::Q6_K:
       return quantize_weight_row(type, src, dst, n, nullptr);  // quant_search.cpp
     default:
@@ -666,10 +709,11 @@ GgmlType vec_dot_type(GgmlType weight_type) {
     case GgmlType::Q5_1:
       return GgmlType::Q8_1;
     case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
     case GgmlType::Q6_K:
       return GgmlType::Q8_K;
     default:
-      // Everything else (F32, BF16, and weights without a vec dot here, e.g. Q5_K, which a
+      // Everything else (F32, BF16, and weights without a vec dot here, e.g. Q3_K, which a
       // caller dequantizes first) takes F32 activations.
       return GgmlType::F32;
   }
@@ -685,6 +729,7 @@ bool has_vec_dot(GgmlType weight_type) {
     case GgmlType::Q5_1:
     case GgmlType::Q8_0:
     case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
     case GgmlType::Q6_K:
       return true;
     default:
@@ -732,7 +777,10 @@ float vec_dot_scalar(GgmlType weight_type, int64_t n, const void* weight_row, co
       return vec_dot_q8_0_q8_0_ref(n, static_cast<const BlockQ8_0*>(weight_row),
                                    static_cast<const BlockQ8_0*>(x));
     case GgmlType::Q4_K:
-      return vec_dot_q4_k_q8_k_ref(n, static_cast<const BlockQ4_K*>(weight_row),
+      return vec_dot_k4_q8_k_ref(n, static_cast<const BlockQ4_K*>(weight_row),
+                                   static_cast<const BlockQ8_K*>(x));
+    case GgmlType::Q5_K:
+      return vec_dot_k4_q8_k_ref(n, static_cast<const BlockQ5_K*>(weight_row),
                                    static_cast<const BlockQ8_K*>(x));
     case GgmlType::Q6_K:
       return vec_dot_q6_k_q8_k_ref(n, static_cast<const BlockQ6_K*>(weight_row),
@@ -763,6 +811,8 @@ float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const voi
         return kernels::vec_dot_q8_0_q8_0_avx2(n, weight_row, x);
       case GgmlType::Q4_K:
         return kernels::vec_dot_q4_k_q8_k_avx2(n, weight_row, x);
+      case GgmlType::Q5_K:
+        return kernels::vec_dot_q5_k_q8_k_avx2(n, weight_row, x);
       case GgmlType::Q6_K:
         return kernels::vec_dot_q6_k_q8_k_avx2(n, weight_row, x);
       default:

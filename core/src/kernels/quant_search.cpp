@@ -1,16 +1,17 @@
 // Weight quantizers that search for their scales, as llama-quantize runs them (ggml-quants.c,
 // MIT licence, transcribed operation by operation so the bytes are the same):
-//  - Q4_K and Q6_K without an importance matrix: quantize_row_q4_K_ref (make_qkx2_quants per
+//  - Q4_K, Q5_K and Q6_K without an importance matrix: quantize_row_q{4,5}_K_ref (make_qkx2_quants per
 //    32 elements, 6-bit scales/mins by rounding) and quantize_row_q6_K_ref (make_qx_quants per
 //    16 elements, 8-bit scales);
 //  - every format with an importance matrix (llama.cpp's imatrix: per column, the mean squared
-//    activation that multiplies it): quantize_row_q{4_0,4_1,5_0,5_1,4_K,6_K}_impl, which weight
+//    activation that multiplies it): quantize_row_q{4_0,4_1,5_0,5_1,4_K,5_K,6_K}_impl, which weight
 //    each element's squared error by importance[c] * sqrt(sigma2 + x[c]^2) while searching the
 //    block scale (Q8_0 ignores the importance, as in ggml).
 // Without importance the legacy formats use quantize_row's *_ref versions (quant_ref.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "quant_blocks.h"
 #include "tessera/sdk/kernels/ggml_types.h"
@@ -27,6 +28,7 @@ using kernels::BlockQ4_1;
 using kernels::BlockQ4_K;
 using kernels::BlockQ5_0;
 using kernels::BlockQ5_1;
+using kernels::BlockQ5_K;
 using kernels::BlockQ6_K;
 using kernels::get_scale_min_k4;
 using kernels::kQK_K;
@@ -268,9 +270,16 @@ void pack_scales_k4(const uint8_t* ls, const uint8_t* lm, uint8_t* scales) {
   }
 }
 
-// The common tail of both Q4_K quantizers: requantize every element with the stored (fp16,
-// 6-bit) scales and mins, then pack the nibbles.
-void finish_q4_k(const float* x, BlockQ4_K* y, uint8_t* L) {
+// Quants per K-quant type with 6-bit scales and mins: Q4_K (nibbles) and Q5_K (nibbles plus
+// a fifth bit per quant in qh).
+template <typename Block>
+constexpr int kKQuantMax = std::is_same_v<Block, BlockQ5_K> ? 31 : 15;
+
+// The common tail of the Q4_K / Q5_K quantizers: requantize every element with the stored
+// (fp16, 6-bit) scales and mins, then pack the nibbles (and Q5_K's fifth bits).
+template <typename Block>
+void finish_k4(const float* x, Block* y, uint8_t* L) {
+  constexpr int nmax = kKQuantMax<Block>;
   uint8_t sc, m;
   for (int j = 0; j < kQK_K / 32; ++j) {
     get_scale_min_k4(j, y->scales, &sc, &m);
@@ -279,18 +288,44 @@ void finish_q4_k(const float* x, BlockQ4_K* y, uint8_t* L) {
     const float dm = fp16_to_fp32(y->dmin) * m;
     for (int ii = 0; ii < 32; ++ii) {
       int l = nearest_int((x[32 * j + ii] + dm) / d);
-      l = std::max(0, std::min(15, l));
+      l = std::max(0, std::min(nmax, l));
       L[32 * j + ii] = static_cast<uint8_t>(l);
     }
   }
   uint8_t* q = y->qs;
-  for (int j = 0; j < kQK_K; j += 64) {
-    for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
-    q += 32;
+  if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+    std::memset(y->qh, 0, sizeof y->qh);
+    uint8_t m1 = 1, m2 = 2;
+    for (int j = 0; j < kQK_K; j += 64) {
+      for (int l = 0; l < 32; ++l) {
+        int l1 = L[j + l], l2 = L[j + l + 32];
+        if (l1 > 15) {
+          l1 -= 16;
+          y->qh[l] |= m1;
+        }
+        if (l2 > 15) {
+          l2 -= 16;
+          y->qh[l] |= m2;
+        }
+        q[l] = static_cast<uint8_t>(l1 | (l2 << 4));
+      }
+      m1 = static_cast<uint8_t>(m1 << 2);
+      m2 = static_cast<uint8_t>(m2 << 2);
+      q += 32;
+    }
+  } else {
+    for (int j = 0; j < kQK_K; j += 64) {
+      for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+      q += 32;
+    }
   }
 }
 
-void quantize_row_q4_k_ref(const float* x, BlockQ4_K* y, int64_t k) {
+// quantize_row_q4_K_ref / quantize_row_q5_K_ref: they differ only in the quant range and the
+// scale search's grid (Q4_K: rmin -1, 20 steps; Q5_K: rmin -0.5, 15 steps).
+template <typename Block>
+void quantize_row_k4_ref(const float* x, Block* y, int64_t k) {
+  constexpr bool kQ5 = std::is_same_v<Block, BlockQ5_K>;
   const int64_t nb = k / kQK_K;
   uint8_t L[kQK_K];
   uint8_t Laux[32];
@@ -305,8 +340,9 @@ void quantize_row_q4_k_ref(const float* x, BlockQ4_K* y, int64_t k) {
       for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
       const float av_x = std::sqrt(sum_x2 / 32);
       for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-      scales[j] = make_qkx_quants(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.f,
-                                  0.1f, 20, false, /*qkx3=*/false);
+      scales[j] = make_qkx_quants(32, kKQuantMax<Block>, x + 32 * j, weights, L + 32 * j, &mins[j],
+                                  Laux, kQ5 ? -0.5f : -1.f, 0.1f, kQ5 ? 15 : 20, false,
+                                  /*qkx3=*/false);
       max_scale = std::max(max_scale, scales[j]);
       max_min = std::max(max_min, mins[j]);
     }
@@ -321,12 +357,14 @@ void quantize_row_q4_k_ref(const float* x, BlockQ4_K* y, int64_t k) {
     pack_scales_k4(ls, lm, y[i].scales);
     y[i].d = fp32_to_fp16(max_scale / 63.f);
     y[i].dmin = fp32_to_fp16(max_min / 63.f);
-    finish_q4_k(x, &y[i], L);
+    finish_k4(x, &y[i], L);
     x += kQK_K;
   }
 }
 
-void quantize_row_q4_k_impl(const float* x, BlockQ4_K* y, int64_t n_per_row, const float* qw_row) {
+// quantize_row_q4_K_impl / quantize_row_q5_K_impl (with an importance matrix).
+template <typename Block>
+void quantize_row_k4_impl(const float* x, Block* y, int64_t n_per_row, const float* qw_row) {
   const int64_t nb = n_per_row / kQK_K;
   uint8_t L[kQK_K];
   uint8_t Laux[32];
@@ -346,8 +384,8 @@ void quantize_row_q4_k_impl(const float* x, BlockQ4_K* y, int64_t n_per_row, con
       float sumw = 0;
       for (int l = 0; l < 32; ++l) sumw += weights[l];
       sw[j] = sumw;
-      scales[j] = make_qkx_quants(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.9f,
-                                  0.05f, 36, false, /*qkx3=*/true);
+      scales[j] = make_qkx_quants(32, kKQuantMax<Block>, x + 32 * j, weights, L + 32 * j, &mins[j],
+                                  Laux, -0.9f, 0.05f, 36, false, /*qkx3=*/true);
     }
     const float d_block = make_qp_quants(kQK_K / 32, 63, scales, Ls, sw);
     const float m_block = make_qp_quants(kQK_K / 32, 63, mins, Lm, sw);
@@ -355,7 +393,7 @@ void quantize_row_q4_k_impl(const float* x, BlockQ4_K* y, int64_t n_per_row, con
     pack_scales_k4(Ls, Lm, y[i].scales);
     y[i].d = fp32_to_fp16(d_block);
     y[i].dmin = fp32_to_fp16(m_block);
-    finish_q4_k(x, &y[i], L);
+    finish_k4(x, &y[i], L);
     x += kQK_K;
   }
 }
@@ -483,9 +521,16 @@ bool quantize_weight_row(GgmlType type, const float* src, void* dst, int64_t n,
   switch (type) {
     case GgmlType::Q4_K:
       if (importance == nullptr) {
-        quantize_row_q4_k_ref(src, static_cast<BlockQ4_K*>(dst), n);
+        quantize_row_k4_ref(src, static_cast<BlockQ4_K*>(dst), n);
       } else {
-        quantize_row_q4_k_impl(src, static_cast<BlockQ4_K*>(dst), n, importance);
+        quantize_row_k4_impl(src, static_cast<BlockQ4_K*>(dst), n, importance);
+      }
+      return true;
+    case GgmlType::Q5_K:
+      if (importance == nullptr) {
+        quantize_row_k4_ref(src, static_cast<BlockQ5_K*>(dst), n);
+      } else {
+        quantize_row_k4_impl(src, static_cast<BlockQ5_K*>(dst), n, importance);
       }
       return true;
     case GgmlType::Q6_K:

@@ -34,7 +34,7 @@ const Format kFormats[] = {
     {GgmlType::F32, 0.0},         {GgmlType::F16, 1.0 / 1024},  {GgmlType::BF16, 1.0 / 128},
     {GgmlType::Q8_0, 1.0 / 120},  {GgmlType::Q5_0, 1.0 / 14},   {GgmlType::Q5_1, 1.0 / 14},
     {GgmlType::Q4_0, 1.0 / 7},    {GgmlType::Q4_1, 1.0 / 7},    {GgmlType::Q4_K, 1.0 / 6},
-    {GgmlType::Q6_K, 1.0 / 24},
+    {GgmlType::Q5_K, 1.0 / 12},   {GgmlType::Q6_K, 1.0 / 24},
 };
 
 constexpr int64_t kRows = 19;   // not a multiple of 8: interleaved layouts pad a last group

@@ -36,7 +36,7 @@ float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 
 // Reference conversions. Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K,
-// Q4_K, Q6_K. Return false for a type they do not support. n is a multiple of the block size.
+// Q4_K, Q5_K, Q6_K. Return false for a type they do not support. n is a multiple of the block size.
 // Each writes the bytes of ggml's quantize_row_*_ref (what llama-quantize writes without an
 // importance matrix).
 bool dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
@@ -44,7 +44,7 @@ bool quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 // One weight row as llama-quantize's ggml_quantize_chunk writes it: `importance` is null or
 // n values (an imatrix row: per column, the mean squared activation it multiplies) that weight
 // each element's error in the scale search of ggml's quantize_row_*_impl (Q4_0, Q4_1, Q5_0,
-// Q5_1, Q4_K, Q6_K; Q8_0 and the float types ignore it). With null it equals quantize_row.
+// Q5_1, Q4_K, Q5_K, Q6_K; Q8_0 and the float types ignore it). With null it equals quantize_row.
 bool quantize_weight_row(GgmlType type, const float* src, void* dst, int64_t n,
                          const float* importance);
 

@@ -13,10 +13,13 @@
 // 1.1 the CUDA kernels (cuda.h, library tessera::cuda_kernels, only where the SDK was built
 // with a CUDA toolkit): moved from backend.cuda unchanged, so attention.cuda-flash and any
 // third-party CUDA plugin use them through the SDK.
+// 1.2 Q5_K in ggml_types.h (dequantize_row, quantize_row / quantize_weight_row as
+// llama-quantize writes it, vec_dot / vec_dot_tile in ggml's order against Q8_K) and in
+// interleaved.h (an 8-row layout and its matmuls); every existing result unchanged.
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
-#define TESSERA_SDK_KERNELS_VERSION_MINOR 1
+#define TESSERA_SDK_KERNELS_VERSION_MINOR 2
 
 namespace tessera {
 inline constexpr int kSdkKernelsVersionMajor = TESSERA_SDK_KERNELS_VERSION_MAJOR;
