@@ -175,10 +175,10 @@ TEST_CASE("quantizer.gguf runs Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 weights, alone an
   CHECK(row == ref);
 }
 
-// `layout: interleaved` repacks Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K at load
+// `layout: interleaved` repacks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K at load
 // (tessera/interleaved.h): each output equals the scalar interleaved kernel on the
 // repacked rows, alone, grouped with the other types, and split over two threads.
-TEST_CASE("quantizer.gguf layout: interleaved: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K repacked") {
+TEST_CASE("quantizer.gguf layout: interleaved: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K repacked") {
   PluginRegistry registry;
   registry.scan_directory(test::plugin_dir());
   PluginContext ctx{&host_logger(), ""};
@@ -187,12 +187,12 @@ TEST_CASE("quantizer.gguf layout: interleaved: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_
   REQUIRE(quantizer);
   const int64_t cols = 512;
   const int64_t num_tokens = 6;
-  constexpr int kWeights = 7;
+  constexpr int kWeights = 8;
   const GgmlType types[kWeights] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0,
-                                    GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K};
+                                    GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q5_1};
   const char* formats[kWeights] = {"q4_0x8", "q4_1x8", "q5_0x8", "q8_0x8",
-                                   "q4_Kx8", "q6_Kx8", "q5_Kx8"};
-  const int64_t rows[kWeights] = {37, 20, 19, 41, 18, 9, 21};
+                                   "q4_Kx8", "q6_Kx8", "q5_Kx8", "q5_1x8"};
+  const int64_t rows[kWeights] = {37, 20, 19, 41, 18, 9, 21, 13};
   std::vector<std::vector<uint8_t>> data;
   std::vector<std::unique_ptr<PreparedWeight>> prepared;
   for (int i = 0; i < kWeights; ++i) {

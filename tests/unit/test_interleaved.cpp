@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessera/ggml_types.h"
+#include "kernels/quant_blocks.h"
 #include "tessera/interleaved.h"
 
 using tessera::GgmlType;
@@ -162,8 +163,8 @@ Case make_typed_case(GgmlType type, int64_t rows, int64_t cols, int64_t tokens, 
 }
 
 constexpr GgmlType kInterleavedTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
-                                          GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
-                                          GgmlType::Q6_K};
+                                          GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
+                                          GgmlType::Q5_K, GgmlType::Q6_K};
 
 bool is_k_quant(GgmlType type) {
   return type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K;
@@ -179,7 +180,8 @@ int64_t one_width(GgmlType type) { return is_k_quant(type) ? 256 : 96; }
 }  // namespace
 
 TEST_CASE("interleave_rows: sizes, zero padding, and every row back unchanged, each type") {
-  CHECK_FALSE(tessera::has_interleaved_layout(GgmlType::Q5_1));
+  CHECK_FALSE(tessera::has_interleaved_layout(GgmlType::Q3_K));
+  CHECK_FALSE(tessera::has_interleaved_layout(GgmlType::F16));
   CHECK_FALSE(tessera::has_interleaved_layout(GgmlType::F32));
   for (GgmlType type : kInterleavedTypes) {
     CAPTURE(tessera::ggml_type_name(type));
@@ -245,8 +247,8 @@ TEST_CASE("interleaved matmul, each type: AVX2 equals scalar bit for bit, any ba
 TEST_CASE("interleaved matmul, each type: within float rounding of ggml's vec_dot") {
   // Both sum d_w d_x isum_b over the same blocks with the same exact integer block sums;
   // they differ only in float rounding, bounded by a few ulps of the sum of |terms|.
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K,
-                        GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                        GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     CAPTURE(tessera::ggml_type_name(type));
     const Case c = make_typed_case(type, 24, 1536, 3, 17);
     std::vector<float> y(static_cast<size_t>(24 * 3));
@@ -270,7 +272,8 @@ TEST_CASE("interleaved matmul, each type: within float rounding of ggml's vec_do
         const float ours = y[t * c.rows + r];
         const float ggml = tessera::vec_dot(type, c.cols, c.w.data() + r * c.w_row_bytes,
                                             c.x.data() + t * c.x_row_bytes);
-        if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) {
+        if (type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q5_1) {
+          // Q5_1's min term uses the activation block's fp16 s, not the dequantized sum.
           // The dequantized weights d sc q - dmin m are rounded in float, so `exact` is not;
           // compare with ggml's vec_dot instead, within rounding of the products' magnitudes.
           double products = 0.0;
@@ -281,6 +284,34 @@ TEST_CASE("interleaved matmul, each type: within float rounding of ggml's vec_do
         const double bound = 4.0 * nb * std::ldexp(1.0, -24) * magnitude + 1e-30;
         CHECK(std::fabs(ours - exact) <= bound);
         CHECK(std::fabs(ggml - exact) <= bound);
+      }
+    }
+  }
+}
+
+TEST_CASE("interleaved matmul, each type: the AVX-VNNI kernels equal the AVX2 ones bit for bit") {
+  if (!tessera::cpu_has_avx2() || !tessera::kernels::cpu_has_avx_vnni()) {
+    MESSAGE("CPU lacks AVX-VNNI (or TESSERA_NO_AVX_VNNI is set): only the AVX2 kernels run here");
+    return;
+  }
+  for (GgmlType type : kInterleavedTypes) {
+    for (int64_t rows : {5, 8, 24}) {
+      for (int64_t tokens : {1, 3, 4, 7}) {
+        CAPTURE(tessera::ggml_type_name(type));
+        CAPTURE(rows);
+        CAPTURE(tokens);
+        const int64_t cols = is_k_quant(type) ? 512 : 1536;
+        const Case c = make_typed_case(type, rows, cols, tokens,
+                                       static_cast<uint32_t>(rows * 17 + tokens * 5 + 3));
+        const int64_t nb = cols / (is_k_quant(type) ? 256 : 32);
+        std::vector<float> a(static_cast<size_t>(rows * tokens), -1.0f), b(a);
+        tessera::kernels::matmul_x8_avx2(static_cast<int>(type), nb, c.packed.data(), rows,
+                                         c.x.data(), c.x_row_bytes, tokens, a.data(), rows);
+        tessera::kernels::matmul_x8_avxvnni(static_cast<int>(type), nb, c.packed.data(), rows,
+                                            c.x.data(), c.x_row_bytes, tokens, b.data(), rows);
+        bool equal = true;
+        for (size_t i = 0; i < a.size(); ++i) equal = equal && same_bits(a[i], b[i]);
+        CHECK(equal);
       }
     }
   }

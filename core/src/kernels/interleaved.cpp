@@ -1,11 +1,16 @@
-// Interleaved Q4_1, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K: the repacking, the scalar kernels (the reference and
+// Interleaved Q4_1, Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K: the repacking, the scalar kernels (the reference and
 // the fallback on CPUs without AVX2) and the run-time dispatch. See tessera/interleaved.h for
 // the layouts and the order.
 #include "tessera/sdk/kernels/interleaved.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "quant_blocks.h"
 #include "tessera/sdk/kernels/ggml_types.h"
@@ -21,6 +26,8 @@ using kernels::BlockQ4_1;
 using kernels::BlockQ4_1x8;
 using kernels::BlockQ5_0;
 using kernels::BlockQ5_0x8;
+using kernels::BlockQ5_1;
+using kernels::BlockQ5_1x8;
 using kernels::BlockQ8_0;
 using kernels::BlockQ8_0x8;
 using kernels::BlockQ8_1;
@@ -54,8 +61,9 @@ void move_block(Block& blk, Packed& o, int j, bool to_packed) {
   }
 }
 
-// Q5_0's fifth bits of row j: element 16 h + 4 k + i at bit 2 k + h of byte 4 j + i.
-void move_fifth_bits(BlockQ5_0& blk, BlockQ5_0x8& o, int j, bool to_packed) {
+// Q5_0's and Q5_1's fifth bits of row j: element 16 h + 4 k + i at bit 2 k + h of byte 4 j + i.
+template <typename Block, typename Packed>
+void move_fifth_bits(Block& blk, Packed& o, int j, bool to_packed) {
   uint32_t qh = 0;
   if (to_packed) std::memcpy(&qh, blk.qh, 4);
   for (int h = 0; h < 2; ++h) {
@@ -89,7 +97,7 @@ void interleave_as(const void* src, int64_t rows, int64_t cols, void* dst) {
         if (r >= rows) break;
         Block blk = in[r * nb + b];
         move_block(blk, o, j, true);
-        if constexpr (std::is_same_v<Block, BlockQ5_0>) move_fifth_bits(blk, o, j, true);
+        if constexpr (requires { blk.qh; }) move_fifth_bits(blk, o, j, true);
       }
     }
   }
@@ -105,7 +113,7 @@ void deinterleave_as(const void* packed, int64_t cols, int64_t row, void* dst) {
     Packed o = in[b];
     Block blk{};
     move_block(blk, o, j, false);
-    if constexpr (std::is_same_v<Block, BlockQ5_0>) move_fifth_bits(blk, o, j, false);
+    if constexpr (requires { blk.qh; }) move_fifth_bits(blk, o, j, false);
     std::memcpy(&out[b], &blk, sizeof blk);
   }
 }
@@ -123,6 +131,12 @@ int weight_value(const BlockQ5_0x8& w, int j, int e) {
   const uint8_t q = w.qs[32 * k + 4 * j + i];
   const int fifth = (w.qh[4 * j + i] >> (2 * k + h)) & 1;
   return ((h == 0 ? q & 0x0F : q >> 4) | (fifth << 4)) - 16;
+}
+int weight_value(const BlockQ5_1x8& w, int j, int e) {  // less the min, as Q4_1
+  const int k = (e % 16) / 4, i = e % 4, h = e / 16;
+  const uint8_t q = w.qs[32 * k + 4 * j + i];
+  const int fifth = (w.qh[4 * j + i] >> (2 * k + h)) & 1;
+  return (h == 0 ? q & 0x0F : q >> 4) | (fifth << 4);
 }
 int weight_value(const BlockQ8_0x8& w, int j, int e) { return w.qs[32 * (e / 4) + 4 * j + e % 4]; }
 
@@ -397,6 +411,7 @@ size_t packed_block_size(GgmlType type) {
     case GgmlType::Q4_0: return sizeof(BlockQ4_0x8);
     case GgmlType::Q4_1: return sizeof(BlockQ4_1x8);
     case GgmlType::Q5_0: return sizeof(BlockQ5_0x8);
+    case GgmlType::Q5_1: return sizeof(BlockQ5_1x8);
     case GgmlType::Q8_0: return sizeof(BlockQ8_0x8);
     case GgmlType::Q4_K: return sizeof(BlockQ4_Kx8);
     case GgmlType::Q5_K: return sizeof(BlockQ5_Kx8);
@@ -454,6 +469,7 @@ void interleave_rows(GgmlType type, const void* src, int64_t rows, int64_t cols,
     case GgmlType::Q4_0: return interleave_as<BlockQ4_0, BlockQ4_0x8>(src, rows, cols, dst);
     case GgmlType::Q4_1: return interleave_q4_1(src, rows, cols, dst);
     case GgmlType::Q5_0: return interleave_as<BlockQ5_0, BlockQ5_0x8>(src, rows, cols, dst);
+    case GgmlType::Q5_1: return interleave_as<BlockQ5_1, BlockQ5_1x8>(src, rows, cols, dst);
     case GgmlType::Q8_0: return interleave_as<BlockQ8_0, BlockQ8_0x8>(src, rows, cols, dst);
     case GgmlType::Q4_K: return interleave_k4<BlockQ4_K, BlockQ4_Kx8>(src, rows, cols, dst);
     case GgmlType::Q5_K: return interleave_k4<BlockQ5_K, BlockQ5_Kx8>(src, rows, cols, dst);
@@ -467,6 +483,7 @@ void deinterleave_row(GgmlType type, const void* packed, int64_t cols, int64_t r
     case GgmlType::Q4_0: return deinterleave_as<BlockQ4_0, BlockQ4_0x8>(packed, cols, row, dst);
     case GgmlType::Q4_1: return deinterleave_q4_1_row(packed, cols, row, dst);
     case GgmlType::Q5_0: return deinterleave_as<BlockQ5_0, BlockQ5_0x8>(packed, cols, row, dst);
+    case GgmlType::Q5_1: return deinterleave_as<BlockQ5_1, BlockQ5_1x8>(packed, cols, row, dst);
     case GgmlType::Q8_0: return deinterleave_as<BlockQ8_0, BlockQ8_0x8>(packed, cols, row, dst);
     case GgmlType::Q4_K: return deinterleave_k4_row<BlockQ4_K, BlockQ4_Kx8>(packed, cols, row, dst);
     case GgmlType::Q5_K: return deinterleave_k4_row<BlockQ5_K, BlockQ5_Kx8>(packed, cols, row, dst);
@@ -485,6 +502,8 @@ void matmul_interleaved_scalar(GgmlType type, const void* packed, int64_t cols, 
       return matmul_q4_1_interleaved_scalar(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
     case GgmlType::Q5_0:
       return matmul_scalar_as<BlockQ5_0x8, BlockQ8_0>(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
+    case GgmlType::Q5_1:
+      return matmul_scalar_as<BlockQ5_1x8, BlockQ8_1>(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
     case GgmlType::Q8_0:
       return matmul_scalar_as<BlockQ8_0x8, BlockQ8_0>(packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);
     case GgmlType::Q4_K:
@@ -497,6 +516,69 @@ void matmul_interleaved_scalar(GgmlType type, const void* packed, int64_t cols, 
   }
 }
 
+namespace kernels {
+
+bool cpu_has_avx_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool supported = [] {
+    if (!cpu_has_avx2() || std::getenv("TESSERA_NO_AVX_VNNI") != nullptr) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
+    return (eax & (1u << 4)) != 0;
+  }();
+  return supported;
+#else
+  return false;
+#endif
+}
+
+}  // namespace kernels
+
+#if defined(__x86_64__) || defined(__i386__)
+namespace kernels {
+
+// One instruction set's interleaved kernels (the AVX2 or AVX-VNNI build of
+// interleaved_x86.inl), called through the same switch.
+#define TESSERA_X8_KERNELS(suffix)                                                          \
+  void matmul_x8_##suffix(int type_id, int64_t nb, const void* packed, int64_t w_rows,       \
+                          const uint8_t* xb, size_t x_stride, int64_t x_rows, float* y,      \
+                          int64_t y_stride) {                                                \
+    switch (static_cast<GgmlType>(type_id)) {                                                                          \
+      case GgmlType::Q4_0:                                                                   \
+        return matmul_q4_0x8_##suffix(nb, static_cast<const BlockQ4_0x8*>(packed), w_rows, xb, \
+                                      x_stride, x_rows, y, y_stride);                        \
+      case GgmlType::Q4_1:                                                                   \
+        return matmul_q4_1x8_##suffix(nb, static_cast<const BlockQ4_1x8*>(packed), w_rows, xb, \
+                                      x_stride, x_rows, y, y_stride);                        \
+      case GgmlType::Q5_0:                                                                   \
+        return matmul_q5_0x8_##suffix(nb, static_cast<const BlockQ5_0x8*>(packed), w_rows, xb, \
+                                      x_stride, x_rows, y, y_stride);                        \
+      case GgmlType::Q5_1:                                                                   \
+        return matmul_q5_1x8_##suffix(nb, static_cast<const BlockQ5_1x8*>(packed), w_rows, xb, \
+                                      x_stride, x_rows, y, y_stride);                        \
+      case GgmlType::Q8_0:                                                                   \
+        return matmul_q8_0x8_##suffix(nb, static_cast<const BlockQ8_0x8*>(packed), w_rows, xb, \
+                                      x_stride, x_rows, y, y_stride);                        \
+      case GgmlType::Q4_K:                                                                   \
+        return matmul_q4_kx8_##suffix(nb, static_cast<const BlockQ4_Kx8*>(packed), w_rows, xb, \
+                                      x_stride, x_rows, y, y_stride);                        \
+      case GgmlType::Q5_K:                                                                   \
+        return matmul_q5_kx8_##suffix(nb, static_cast<const BlockQ5_Kx8*>(packed), w_rows, xb, \
+                                      x_stride, x_rows, y, y_stride);                        \
+      case GgmlType::Q6_K:                                                                   \
+        return matmul_q6_kx8_##suffix(nb, static_cast<const BlockQ6_Kx8*>(packed), w_rows, xb, \
+                                      x_stride, x_rows, y, y_stride);                        \
+      default:                                                                               \
+        return;                                                                              \
+    }                                                                                        \
+  }
+TESSERA_X8_KERNELS(avx2)
+TESSERA_X8_KERNELS(avxvnni)
+#undef TESSERA_X8_KERNELS
+
+}  // namespace kernels
+#endif
+
 void matmul_interleaved(GgmlType type, const void* packed, int64_t cols, int64_t w_rows,
                         const void* x, size_t x_stride, int64_t x_rows, float* y,
                         int64_t y_stride) {
@@ -504,30 +586,10 @@ void matmul_interleaved(GgmlType type, const void* packed, int64_t cols, int64_t
   if (cpu_has_avx2()) {
     const int64_t nb = cols / block_elements(type);
     const auto* xb = static_cast<const uint8_t*>(x);
-    switch (type) {
-      case GgmlType::Q4_0:
-        return kernels::matmul_q4_0x8_avx2(nb, static_cast<const BlockQ4_0x8*>(packed), w_rows,
-                                           xb, x_stride, x_rows, y, y_stride);
-      case GgmlType::Q4_1:
-        return kernels::matmul_q4_1x8_avx2(nb, static_cast<const BlockQ4_1x8*>(packed), w_rows,
-                                           xb, x_stride, x_rows, y, y_stride);
-      case GgmlType::Q5_0:
-        return kernels::matmul_q5_0x8_avx2(nb, static_cast<const BlockQ5_0x8*>(packed), w_rows,
-                                           xb, x_stride, x_rows, y, y_stride);
-      case GgmlType::Q8_0:
-        return kernels::matmul_q8_0x8_avx2(nb, static_cast<const BlockQ8_0x8*>(packed), w_rows,
-                                           xb, x_stride, x_rows, y, y_stride);
-      case GgmlType::Q4_K:
-        return kernels::matmul_q4_kx8_avx2(nb, static_cast<const BlockQ4_Kx8*>(packed), w_rows,
-                                           xb, x_stride, x_rows, y, y_stride);
-      case GgmlType::Q5_K:
-        return kernels::matmul_q5_kx8_avx2(nb, static_cast<const BlockQ5_Kx8*>(packed), w_rows,
-                                           xb, x_stride, x_rows, y, y_stride);
-      case GgmlType::Q6_K:
-        return kernels::matmul_q6_kx8_avx2(nb, static_cast<const BlockQ6_Kx8*>(packed), w_rows,
-                                           xb, x_stride, x_rows, y, y_stride);
-      default: return;
-    }
+    const int id = static_cast<int>(type);
+    if (kernels::cpu_has_avx_vnni())
+      return kernels::matmul_x8_avxvnni(id, nb, packed, w_rows, xb, x_stride, x_rows, y, y_stride);
+    return kernels::matmul_x8_avx2(id, nb, packed, w_rows, xb, x_stride, x_rows, y, y_stride);
   }
 #endif
   matmul_interleaved_scalar(type, packed, cols, w_rows, x, x_stride, x_rows, y, y_stride);

@@ -131,6 +131,15 @@ struct BlockQ5_0x8 {
 };
 static_assert(sizeof(BlockQ5_0x8) == 8 * sizeof(BlockQ5_0), "interleaving adds no bytes");
 
+// Q5_1: Q4_1x8's scales and mins, Q5_0x8's fifth bits and nibbles.
+struct BlockQ5_1x8 {
+  uint16_t d[8];
+  uint16_t m[8];
+  uint8_t qh[32];
+  uint8_t qs[8 * kQK5_1 / 2];
+};
+static_assert(sizeof(BlockQ5_1x8) == 8 * sizeof(BlockQ5_1), "interleaving adds no bytes");
+
 // Super-block b of 8 interleaved Q6_K rows. Each row's 256 6-bit quants q (0..63, value
 // q - 32) sit in 8 groups of 32 elements laid out as Q4_0x8's blocks: the low 4 bits in qs[g]
 // (byte 32 k + 4 j + i: element 4 k + i of group g of row j in the low nibble, 16 + 4 k + i in
@@ -223,25 +232,42 @@ bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int6
                        const void* x, size_t x_stride, int64_t x_rows, float* y,
                        int64_t y_stride);
 
-// Interleaved Q4_1 x Q8_1 (interleaved_avx2.cpp): rows [0, w_rows) of the groups starting
-// at w, against x_rows activation rows; the order of tessera/interleaved.h.
-void matmul_q4_1x8_avx2(int64_t nb, const BlockQ4_1x8* w, int64_t w_rows, const uint8_t* x,
-                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+// The interleaved matmuls (interleaved_x86.inl), built twice: *_avx2 (AVX2/FMA/F16C) and
+// *_avxvnni (plus AVX-VNNI), bit-identical. Rows [0, w_rows) of the 8-row groups starting at
+// w, against x_rows activation rows x_stride bytes apart, in the order of tessera/interleaved.h;
+// nb counts blocks (256-element super-blocks for the K-quants). Q4_1 / Q5_1 take Q8_1
+// activations, Q4_0 / Q5_0 / Q8_0 Q8_0, the K-quants Q8_K.
+#define TESSERA_DECLARE_X8(suffix)                                                             \
+  void matmul_q4_1x8_##suffix(int64_t nb, const BlockQ4_1x8* w, int64_t w_rows, const uint8_t* x, \
+                              size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);     \
+  void matmul_q4_0x8_##suffix(int64_t nb, const BlockQ4_0x8* w, int64_t w_rows, const uint8_t* x, \
+                              size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);     \
+  void matmul_q5_0x8_##suffix(int64_t nb, const BlockQ5_0x8* w, int64_t w_rows, const uint8_t* x, \
+                              size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);     \
+  void matmul_q5_1x8_##suffix(int64_t nb, const BlockQ5_1x8* w, int64_t w_rows, const uint8_t* x, \
+                              size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);     \
+  void matmul_q8_0x8_##suffix(int64_t nb, const BlockQ8_0x8* w, int64_t w_rows, const uint8_t* x, \
+                              size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);     \
+  void matmul_q4_kx8_##suffix(int64_t nb, const BlockQ4_Kx8* w, int64_t w_rows, const uint8_t* x, \
+                              size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);     \
+  void matmul_q5_kx8_##suffix(int64_t nb, const BlockQ5_Kx8* w, int64_t w_rows, const uint8_t* x, \
+                              size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);     \
+  void matmul_q6_kx8_##suffix(int64_t nb, const BlockQ6_Kx8* w, int64_t w_rows, const uint8_t* x, \
+                              size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+TESSERA_DECLARE_X8(avx2)
+TESSERA_DECLARE_X8(avxvnni)
+#undef TESSERA_DECLARE_X8
 
-// Interleaved Q4_0 / Q5_0 / Q8_0 x Q8_0 (interleaved_avx2.cpp): as matmul_q4_1x8_avx2,
-// in the order of tessera/interleaved.h.
-void matmul_q4_0x8_avx2(int64_t nb, const BlockQ4_0x8* w, int64_t w_rows, const uint8_t* x,
-                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
-void matmul_q5_0x8_avx2(int64_t nb, const BlockQ5_0x8* w, int64_t w_rows, const uint8_t* x,
-                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
-void matmul_q8_0x8_avx2(int64_t nb, const BlockQ8_0x8* w, int64_t w_rows, const uint8_t* x,
-                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
-// Interleaved Q4_K / Q5_K / Q6_K x Q8_K; nb counts 256-element super-blocks.
-void matmul_q4_kx8_avx2(int64_t nb, const BlockQ4_Kx8* w, int64_t w_rows, const uint8_t* x,
-                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
-void matmul_q5_kx8_avx2(int64_t nb, const BlockQ5_Kx8* w, int64_t w_rows, const uint8_t* x,
-                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
-void matmul_q6_kx8_avx2(int64_t nb, const BlockQ6_Kx8* w, int64_t w_rows, const uint8_t* x,
-                        size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+// matmul_interleaved's x86 part with one kernel set, chosen by the caller (tests compare the
+// two): type_id a GgmlType with an interleaved layout, nb its blocks per row.
+void matmul_x8_avx2(int type_id, int64_t nb, const void* packed, int64_t w_rows, const uint8_t* x,
+                    size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
+void matmul_x8_avxvnni(int type_id, int64_t nb, const void* packed, int64_t w_rows,
+                       const uint8_t* x, size_t x_stride, int64_t x_rows, float* y,
+                       int64_t y_stride);
+
+// True when the CPU has AVX-VNNI (CPUID.(EAX=7, ECX=1):EAX bit 4) besides AVX2, and the
+// environment does not set TESSERA_NO_AVX_VNNI (to measure or test the AVX2 kernels alone).
+bool cpu_has_avx_vnni();
 
 }  // namespace tessera::kernels

@@ -4,10 +4,10 @@
 // K-quants, ...), as llama.cpp does, so logits match.
 //
 // Parameter `layout`: `ggml` (default) keeps every dot in ggml's order, so logits equal
-// llama.cpp's bit for bit; `interleaved` repacks Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K
+// llama.cpp's bit for bit; `interleaved` repacks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
 // weights 8 rows at a time at load (tessera/interleaved.h) for kernels with about half the
 // instructions per block, whose logits differ from llama.cpp's only by float rounding (the
-// block sums stay exact). Other types (Q5_1, F16, F32) are unaffected.
+// block sums stay exact). Other types (F16, F32) are unaffected.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -63,6 +63,7 @@ class GgufWeight final : public PreparedWeight {
       case GgmlType::Q4_0: return "q4_0x8";
       case GgmlType::Q4_1: return "q4_1x8";
       case GgmlType::Q5_0: return "q5_0x8";
+      case GgmlType::Q5_1: return "q5_1x8";
       case GgmlType::Q4_K: return "q4_Kx8";
       case GgmlType::Q5_K: return "q5_Kx8";
       case GgmlType::Q6_K: return "q6_Kx8";
@@ -79,7 +80,7 @@ static_assert(kRowsPerTask % kInterleaveRows == 0);
 const ParamSpec kParams[] = {
     {"layout", ParamType::kEnum, "ggml",
      "ggml: every dot in ggml's order, logits equal llama.cpp's bit for bit; interleaved: Q4_0, "
-     "Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K weights repacked 8 rows at a time at load, faster kernels, "
+     "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights repacked 8 rows at a time at load, faster kernels, "
      "logits within float rounding",
      -INFINITY, INFINITY, "ggml|interleaved"},
 };
