@@ -1,4 +1,4 @@
-// Weights interleaved 8 rows at a time (Q4_1, and Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K below), and the
+// Weights interleaved 8 rows at a time (Q4_1, and Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K below), and the
 // matmul kernels over that layout.
 //
 // GGML's row-major Q4_1 blocks are dotted one (row, token) pair at a time: every block pair
@@ -55,6 +55,7 @@ void matmul_q4_1_interleaved_scalar(const void* packed, int64_t cols, int64_t w_
                                     int64_t y_stride);
 
 // ---- Q4_0, Q5_0, Q8_0 (against Q8_0 activations), Q4_K, Q5_K, Q6_K (against Q8_K), and Q4_1
+// and Q5_1 (against Q8_1, in the order above with 5-bit quants for Q5_1)
 // through the same entry points.
 //
 // The same idea and the same 8-row groups: a group's block b holds the 8 rows' fp16 scales,
@@ -72,7 +73,7 @@ void matmul_q4_1_interleaved_scalar(const void* packed, int64_t cols, int64_t w_
 // Q5_K as Q4_K with its 5-bit quants.
 // ggml sums the same products in the same blocks; only the float rounding differs.
 
-// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K have an interleaved layout.
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have an interleaved layout.
 bool has_interleaved_layout(GgmlType type);
 // Bytes of one group of 8 rows / of a rows x cols matrix (cols a multiple of the block size).
 size_t interleaved_group_size(GgmlType type, int64_t cols);
@@ -82,7 +83,7 @@ size_t interleaved_size(GgmlType type, int64_t rows, int64_t cols);
 void interleave_rows(GgmlType type, const void* src, int64_t rows, int64_t cols, void* dst);
 void deinterleave_row(GgmlType type, const void* packed, int64_t cols, int64_t row, void* dst);
 // As matmul_q4_1_interleaved, for any type with a layout; x holds rows of the type's dot type
-// (vec_dot_type: Q8_1 for Q4_1, Q8_K for the K-quants, Q8_0 for the others). Dispatches to AVX2
+// (vec_dot_type: Q8_1 for Q4_1 and Q5_1, Q8_K for the K-quants, Q8_0 for the others). Dispatches to AVX2
 // when the CPU has it.
 void matmul_interleaved(GgmlType type, const void* packed, int64_t cols, int64_t w_rows,
                         const void* x, size_t x_stride, int64_t x_rows, float* y,

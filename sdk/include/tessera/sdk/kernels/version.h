@@ -15,7 +15,8 @@
 // third-party CUDA plugin use them through the SDK.
 // 1.2 Q5_K in ggml_types.h (dequantize_row, quantize_row / quantize_weight_row as
 // llama-quantize writes it, vec_dot / vec_dot_tile in ggml's order against Q8_K) and in
-// interleaved.h (an 8-row layout and its matmuls); every existing result unchanged.
+// interleaved.h (an 8-row layout and its matmuls), Q5_1 in interleaved.h too; every existing
+// result unchanged.
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
