@@ -10,7 +10,9 @@
 //
 // The reference is a second stack evaluated on the same chunks in the same run
 // (--reference-config) or log-probabilities saved by an earlier run (--save-logits, then
-// --reference-logits), which is llama-perplexity's --kl-divergence-base in two steps.
+// --reference-logits), which is llama-perplexity's --kl-divergence-base in two steps;
+// --reference-logits also reads the base file llama-perplexity writes itself
+// (--kl-divergence-base FILE --save-all-logits), so the reference can be llama.cpp's.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -213,17 +215,34 @@ class LogitsWriter {
   bool done_ = false;
 };
 
+// llama-perplexity's --kl-divergence-base file (tools/perplexity/perplexity.cpp): "_logits_",
+// uint32 n_ctx, int32 n_vocab, int32 n_chunk, the corpus's token ids (int32, n_chunk x n_ctx,
+// as tokenized: the BOS it substitutes for each chunk's first token is not stored), then per
+// chunk (n_ctx - 1 - n_ctx/2) rows of nv = 2 * ((n_vocab + 1) / 2) + 4 uint16: two floats
+// (scale, min_log_prob), then per token q with log p = scale * q + min_log_prob (q = 0 for
+// everything at or below 16 nats under the top logit).
+constexpr char kLlamaLogitsMagic[8] = {'_', 'l', 'o', 'g', 'i', 't', 's', '_'};
+
 class LogitsReader {
  public:
+  // Reads either format: Tessera's (--save-logits) or llama-perplexity's base file.
   LogitsReader(const std::string& path, uint32_t vocab, uint32_t n_ctx, uint32_t first,
                const std::vector<TokenId>& tokens, uint32_t n_chunks)
-      : in_(path, std::ios::binary) {
+      : vocab_(vocab), in_(path, std::ios::binary) {
     const std::string what = "--reference-logits '" + path + "': ";
     if (!in_) throw CommandError(what + "cannot open the file");
+    char magic[8] = {};
+    in_.read(magic, 8);
+    if (in_ && std::memcmp(magic, kLlamaLogitsMagic, 8) == 0) {
+      open_llama(path, what, n_ctx, tokens, n_chunks);
+      return;
+    }
+    in_.seekg(0);
     LogitsHeader h{};
     in_.read(reinterpret_cast<char*>(&h), sizeof h);
     if (!in_ || std::memcmp(h.magic, kLogitsMagic, 8) != 0)
-      throw CommandError(what + "not a file written by tessera eval --save-logits");
+      throw CommandError(what + "neither a file written by tessera eval --save-logits nor a "
+                                "llama-perplexity --kl-divergence-base file");
     if (h.version != kLogitsVersion)
       throw CommandError(what + "format version " + std::to_string(h.version) + ", expected " +
                          std::to_string(kLogitsVersion));
@@ -247,13 +266,69 @@ class LogitsReader {
     if (!std::equal(tokens.begin(), tokens.end(), saved.begin()))
       throw CommandError(what + "made from different text (its token ids differ from this corpus's)");
   }
+  bool llama_format() const { return !llama_row_.empty(); }
+  // `count` floats: count / vocab rows of log-probabilities, in the order they were scored.
   void read_rows(float* rows, size_t count) {
-    in_.read(reinterpret_cast<char*>(rows), static_cast<std::streamsize>(count * sizeof(float)));
-    if (!in_) throw CommandError("--reference-logits: read failed");
+    if (llama_row_.empty()) {
+      in_.read(reinterpret_cast<char*>(rows), static_cast<std::streamsize>(count * sizeof(float)));
+      if (!in_) throw CommandError("--reference-logits: read failed");
+      return;
+    }
+    for (size_t r = 0; r < count / vocab_; ++r) {
+      in_.read(reinterpret_cast<char*>(llama_row_.data()),
+               static_cast<std::streamsize>(llama_row_.size() * sizeof(uint16_t)));
+      if (!in_) throw CommandError("--reference-logits: read failed");
+      float scale, min_log_prob;
+      std::memcpy(&scale, llama_row_.data(), sizeof scale);
+      std::memcpy(&min_log_prob, llama_row_.data() + 2, sizeof min_log_prob);
+      const uint16_t* q = llama_row_.data() + 4;
+      float* out = rows + r * vocab_;
+      for (uint32_t v = 0; v < vocab_; ++v) out[v] = scale * static_cast<float>(q[v]) + min_log_prob;
+    }
   }
 
  private:
+  void open_llama(const std::string& path, const std::string& what, uint32_t n_ctx,
+                  const std::vector<TokenId>& tokens, uint32_t n_chunks) {
+    uint32_t file_ctx = 0;
+    int32_t file_vocab = 0, file_chunks = 0;
+    in_.read(reinterpret_cast<char*>(&file_ctx), 4);
+    in_.read(reinterpret_cast<char*>(&file_vocab), 4);
+    in_.read(reinterpret_cast<char*>(&file_chunks), 4);
+    if (!in_ || file_vocab <= 0 || file_chunks <= 0 || file_ctx < 4)
+      throw CommandError(what + "llama-perplexity base file with a broken header");
+    if (static_cast<uint32_t>(file_vocab) != vocab_)
+      throw CommandError(what + "made with a vocabulary of " + std::to_string(file_vocab) +
+                         " tokens, this model has " + std::to_string(vocab_));
+    if (file_ctx != n_ctx)
+      throw CommandError(what + "made with llama-perplexity -c " + std::to_string(file_ctx) +
+                         ", this run uses --ctx " + std::to_string(n_ctx));
+    if (static_cast<uint32_t>(file_chunks) < n_chunks)
+      throw CommandError(what + "holds " + std::to_string(file_chunks) + " chunks, this run evaluates " +
+                         std::to_string(n_chunks) + " (pass --chunks " + std::to_string(file_chunks) + ")");
+    const uint64_t nv = 2 * ((static_cast<uint64_t>(file_vocab) + 1) / 2) + 4;
+    const uint64_t rows = static_cast<uint64_t>(file_chunks) * (n_ctx - 1 - n_ctx / 2);
+    const uint64_t expected_size = 20 + static_cast<uint64_t>(file_chunks) * n_ctx * 4 + rows * nv * 2;
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) != expected_size)
+      throw CommandError(what + "truncated or corrupt (size does not match its header)");
+    std::vector<TokenId> saved(static_cast<size_t>(file_chunks) * n_ctx);
+    in_.read(reinterpret_cast<char*>(saved.data()), static_cast<std::streamsize>(saved.size() * 4));
+    // Every chunk's first token was replaced by BOS before evaluation here, and is stored
+    // unreplaced there; the rest must be the same ids.
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (i % n_ctx == 0) continue;
+      if (tokens[i] != saved[i])
+        throw CommandError(what + "made from different text (token " + std::to_string(i) + " is " +
+                           std::to_string(saved[i]) + " there and " + std::to_string(tokens[i]) +
+                           " here)");
+    }
+    llama_row_.resize(nv);
+  }
+
+  uint32_t vocab_;
   std::ifstream in_;
+  std::vector<uint16_t> llama_row_;  // llama-perplexity format: one encoded row
 };
 
 // ---- statistics ---------------------------------------------------------------------------
@@ -417,6 +492,10 @@ void run_eval(const EvalOptions& opt) {
   double greedy_prefix_sum = 0;  // per chunk: matching leading tokens / opt.greedy
   int32_t greedy_identical = 0;
   std::vector<float> logp, logp_ref;
+  // llama-perplexity's base file codes every log-probability at or below 16 nats under the top
+  // one as that floor, and its KL divergence leaves reference terms at or below -16 out; so
+  // does this one with such a reference (with Tessera's f32 references every term counts).
+  const float kld_floor = reader && reader->llama_format() ? -16.0f : -INFINITY;
   const size_t scored_rows = static_cast<size_t>(n_ctx - 1 - first);
   if (compare) logp_ref.resize(scored_rows * vocab);
   for (int32_t c = 0; c < n_chunks; ++c) {
@@ -441,6 +520,7 @@ void run_eval(const EvalOptions& opt) {
       double k = 0;
       for (int32_t v = 0; v < vocab; ++v) {
         if (lr[v] == lt[v]) continue;  // exactly 0; also keeps -inf - -inf out of the sum
+        if (lr[v] <= kld_floor) continue;
         k += std::exp(static_cast<double>(lr[v])) * (static_cast<double>(lr[v]) - lt[v]);
       }
       kld.push_back(k);
@@ -588,7 +668,8 @@ void add_eval_command(CLI::App& app) {
   auto* rc = cmd->add_option("-r,--reference-config", opt->reference_config,
                              "reference stack YAML evaluated on the same chunks (KLD, top-1, Δp)");
   auto* rl = cmd->add_option("--reference-logits", opt->reference_logits,
-                             "reference log-probabilities saved by --save-logits (instead of --reference-config)");
+                             "reference log-probabilities saved by --save-logits, or llama-perplexity's "
+                             "--kl-divergence-base file (instead of --reference-config)");
   rc->excludes(rl);
   cmd->add_option("--save-logits", opt->save_logits,
                   "save the evaluated stack's log-probabilities to FILE, for later --reference-logits");

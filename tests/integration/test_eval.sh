@@ -86,6 +86,29 @@ else
   fail "tessera eval --reference-logits: $(tail -3 reuse.err)"
 fi
 
+# --- llama-perplexity's own base file -------------------------------------------------------
+# tests/fixtures/eval/smollm2-q4_1.gpl3.c16.kld: llama-perplexity (llama-cpp-python 0.3.36,
+# AVX2 build) -m SmolLM2-135M-Instruct.Q4_1.gguf -f GPL-3 -c 16 -b 16 --chunks 2 -ctk f32
+# -ctv f32 -fa off -t 2 --kl-divergence-base FILE: its log-probabilities, coded in 16 bits,
+# read as the reference of the stack that computes llama.cpp's logits bit for bit.
+llama_base="$TESSERA_SOURCE_DIR/tests/fixtures/eval/smollm2-q4_1.gpl3.c16.kld"
+if "$bin" eval --corpus "$corpus" --ctx 16 --chunks 2 --config f32.yaml --reference-logits "$llama_base" \
+    --json llama.json -q 2>llama.err; then
+  check "llama-perplexity's base file: the perplexity it printed (8.4612) read back" llama.json \
+    "abs(r['reference']['ppl'] - 8.4612) < 2e-3"
+  check "llama-perplexity's base file: the reference stack agrees with it" llama.json \
+    "r['kld']['mean'] < 1e-4 and r['top1_agreement'] == 1 and abs(r['ppl'] / r['reference']['ppl'] - 1) < 2e-3"
+else
+  fail "tessera eval --reference-logits (llama-perplexity's file): $(tail -3 llama.err)"
+fi
+head -c 100000 "$llama_base" >llama-truncated.kld
+expect_error_1 "llama-perplexity file, truncated" "truncated or corrupt" \
+  "$bin" eval -q --config f32.yaml --corpus "$corpus" --ctx 16 --chunks 2 --reference-logits llama-truncated.kld
+expect_error_1 "llama-perplexity file made with another context" "llama-perplexity -c 16" \
+  "$bin" eval -q --config f32.yaml --corpus "$corpus" --ctx 32 --chunks 2 --reference-logits "$llama_base"
+expect_error_1 "llama-perplexity file with fewer chunks than asked for" "holds 2 chunks" \
+  "$bin" eval -q --config f32.yaml --corpus "$corpus" --ctx 16 --chunks 3 --reference-logits "$llama_base"
+
 # --- lower precision has a cost -------------------------------------------------------------
 for low in f16 q8; do
   if "$bin" "${eval_args[@]}" --config $low.yaml --reference-config f32.yaml --json $low-vs-f32.json -q --greedy 8 \
@@ -108,9 +131,11 @@ expect_error_1 "reference made with another context" "--ctx 128" \
 head -c 20000 /usr/share/common-licenses/Apache-2.0 >other.txt
 expect_error_1 "reference made from another text" "different text" \
   "$bin" eval -q --config f16.yaml --corpus other.txt --ctx 128 --chunks 3 --reference-logits f16.logp
+expect_error_1 "llama-perplexity file of another text" "different text" \
+  "$bin" eval -q --config f32.yaml --corpus other.txt --ctx 16 --chunks 2 --reference-logits "$llama_base"
 expect_error_1 "reference with more chunks than saved" "holds 3 chunks" \
   "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --chunks 4 --reference-logits f16.logp
-expect_error_1 "not a reference file" "not a file written by tessera eval" \
+expect_error_1 "not a reference file" "neither a file written by tessera eval" \
   "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --reference-logits "$corpus"
 expect_error_1 "greedy continuations need a reference stack" "--greedy needs --reference-config" \
   "$bin" eval -q --config f16.yaml --corpus "$corpus" --ctx 128 --greedy 8 --reference-logits f16.logp
