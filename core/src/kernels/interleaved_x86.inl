@@ -359,7 +359,7 @@ inline float x_scale(const BlockQ8_1& x) { return _cvtsh_ss(x.d); }
 inline float x_scale(const BlockQ8_K& x) { return x.d; }
 
 // Per activation block, converted once per call: d_x; s_x (formats with a min) or sum(x)
-// (formats with an offset).
+// (formats with an offset), times the offset.
 struct XScales {
   const float* d;
   const float* s;
@@ -401,7 +401,7 @@ void group_pass(int64_t nb, const typename F::Block* w, const uint8_t* x, size_t
     {                                                                                    \
       __m256i isum = acc32;                                                              \
       if constexpr (F::kOffset != 0)                                                     \
-        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(F::kOffset * xsc[t].sum[ib]));   \
+        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(xsc[t].sum[ib]));                \
       a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(xsc[t].d + ib)),         \
                           _mm256_cvtepi32_ps(isum), a);                                  \
       if constexpr (F::kHasMin) a = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(xsc[t].s + ib), a); \
@@ -460,7 +460,8 @@ void matmul_x8(int64_t nb, const typename F::Block* w, int64_t w_rows, const uin
     for (int64_t ib = 0; ib < nb; ++ib) {
       d[t * nb + ib] = x_scale(xb[ib]);
       if constexpr (F::kHasMin) s[t * nb + ib] = _cvtsh_ss(xb[ib].s);
-      if constexpr (F::kOffset != 0) sums[t * nb + ib] = block_sum(xb[ib].qs);
+      // The offset's whole term, so the block loop broadcasts it straight from memory.
+      if constexpr (F::kOffset != 0) sums[t * nb + ib] = F::kOffset * block_sum(xb[ib].qs);
     }
   }
   const int64_t groups = (w_rows + 7) / 8;
