@@ -987,6 +987,11 @@ TEST_CASE("quantize_activation_row (dispatched) writes the scalar reference's by
       for (int j = 0; j < 32; ++j) x[j] = 0.0f;
       for (int j = 0; j < 32; ++j) x[32 + j] = static_cast<float>(j - 16) + 0.5f;  // amax 16.5 -> halves
       x[64] = -0.0f;
+      if (t == GgmlType::Q8_K && n >= 768) {
+        for (int j = 256; j < 512; ++j) x[j] = 0.0f;  // an all-zero super-block
+        x[600] = -1000.0f;                            // the first of two largest magnitudes
+        x[700] = 1000.0f;                             // sets the sign
+      }
       const size_t bytes = tessera::ggml_row_size(t, n);
       std::vector<uint8_t> a(bytes), b(bytes);
       REQUIRE(tessera::quantize_activation_row(t, x.data(), a.data(), n));

@@ -806,6 +806,51 @@ void run_tiles(int64_t n, const uint8_t* w, size_t w_stride, int64_t w_rows, con
 
 }  // namespace
 
+// ggml's quantize_row_q8_K_ref on 8 lanes, the same bytes: amax is order-free; the sign comes
+// from the first element of that magnitude (the reference's strict `>` scan); each
+// q = min(127, round-half-even(iscale * x)) with the product rounded once (vcvtps2dq in the
+// default rounding mode is nearest_int for |v| <= 127); bsums from the int32 lanes.
+void quantize_row_q8_k_avx2(const float* x, void* yv, int64_t n) {
+  auto* y = static_cast<BlockQ8_K*>(yv);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    __m256 vmax = _mm256_setzero_ps();
+    for (int j = 0; j < kQK_K; j += 8)
+      vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float amax = _mm_cvtss_f32(m);
+    if (amax == 0.0f) {
+      y[i].d = 0.0f;
+      __builtin_memset(y[i].qs, 0, sizeof y[i].qs);
+      __builtin_memset(y[i].bsums, 0, sizeof y[i].bsums);
+      continue;
+    }
+    int first = 0;
+    while (std::fabs(x[first]) != amax) ++first;
+    const float iscale = -127.0f / x[first];
+    const __m256 vscale = _mm256_set1_ps(iscale);
+    const __m256i limit = _mm256_set1_epi32(127);
+    for (int j = 0; j < kQK_K; j += 16) {
+      const __m256i a = _mm256_min_epi32(
+          _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j), vscale)), limit);
+      const __m256i b = _mm256_min_epi32(
+          _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8), vscale)), limit);
+      // 16 int32 -> int8 in order (packs interleave the 128-bit lanes; the permute undoes it).
+      const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+      const __m128i q8 = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[i].qs + j), q8);
+      __m256i s = _mm256_add_epi32(a, b);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+      y[i].bsums[j / 16] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
+    }
+    y[i].d = 1 / iscale;
+  }
+}
+
 void quantize_activations_q8_avx2(const float* x, void* y, int64_t n, bool q8_1,
                                   uint16_t (*to_half)(float)) {
   // Per block of 32: amax, d = amax / 127, id = 127 / amax (0 for an all-zero block), then

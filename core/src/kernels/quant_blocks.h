@@ -220,6 +220,9 @@ float vec_dot_f32_avx2(int64_t n, const void* w, const void* x);
 // same bytes as the scalar version. to_half converts the scales (fp32_to_fp16).
 void quantize_activations_q8_avx2(const float* x, void* y, int64_t n, bool q8_1,
                                   uint16_t (*to_half)(float));
+// ggml's quantize_row_q8_K_ref (which its x86 build runs for the K-quants' activations), same
+// bytes; an all-zero block gets zero bsums as the scalar version writes them.
+void quantize_row_q8_k_avx2(const float* x, void* y, int64_t n);
 
 // Tile kernel: y[t * y_stride + r] = vec_dot(weight row r, activation row t) for r < w_rows,
 // t < x_rows, each element bit-identical to the single-dot kernel of its type. Returns false

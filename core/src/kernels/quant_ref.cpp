@@ -875,9 +875,17 @@ bool quantize_activation_row(GgmlType type, const float* src, void* dst, int64_t
       }
 #endif
       return quantize_activation_row_scalar(type, src, dst, n);
+    case GgmlType::Q8_K:
+      // ggml's x86 build calls its reference quantizer at run time: the same bytes, on 8 lanes.
+#if defined(__x86_64__) || defined(__i386__)
+      if (cpu_has_avx2()) {
+        kernels::quantize_row_q8_k_avx2(src, dst, n);
+        return true;
+      }
+#endif
+      return quantize_row(type, src, dst, n);
     default:
-      // F16/F32 conversions already match; so does Q8_K, for which ggml's x86 build calls
-      // its reference quantizer at run time too.
+      // F16/F32 conversions already match.
       return quantize_row(type, src, dst, n);
   }
 }
