@@ -229,6 +229,15 @@ inline __m128i pair_of_scales_control(int k) {
   return _mm_set_epi64x(kOnes * (2 * k + 1), kOnes * (2 * k));
 }
 
+// min_s * (sum of q8 over sub-block s) for sub-blocks 2k, 2k+1 summed in int32 lane k: the Q8_K
+// bsums pairs give the per-32 sums (int16; |sum| <= 32 * 127 fits), times the 6-bit mins (the
+// upper half of sc_mn).
+inline __m128i k4_mins_dot(__m256i sc_mn, const BlockQ8_K& y) {
+  const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+  const __m128i q8_32 = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+  return _mm_madd_epi16(_mm256_extracti128_si256(sc_mn, 1), q8_32);
+}
+
 }  // namespace
 
 float vec_dot_q4_k_q8_k_avx2(int64_t n, const void* w, const void* xv) {
@@ -245,11 +254,7 @@ float vec_dot_q4_k_q8_k_avx2(int64_t n, const void* w, const void* xv) {
     const float dmin = -y[i].d * half_to_float(x[i].dmin);
     const __m256i sc_mn = _mm256_cvtepu8_epi16(q4_k_scales_and_mins(x[i].scales));
 
-    // bsums pairs -> per-32 sums of q8 (int16; |sum| <= 32 * 127 fits), times the mins.
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
-    const __m128i q8_32 = _mm_hadd_epi16(_mm256_castsi256_si128(bsums),
-                                         _mm256_extracti128_si256(bsums, 1));
-    const __m128i mins_dot = _mm_madd_epi16(_mm256_extracti128_si256(sc_mn, 1), q8_32);
+    const __m128i mins_dot = k4_mins_dot(sc_mn, y[i]);
     acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot), acc_m);
 
     const __m128i sc128 = _mm256_castsi256_si128(sc_mn);
@@ -297,10 +302,7 @@ float vec_dot_q5_k_q8_k_avx2(int64_t n, const void* w, const void* xv) {
     const float dmin = -y[i].d * half_to_float(x[i].dmin);
     const __m256i sc_mn = _mm256_cvtepu8_epi16(q4_k_scales_and_mins(x[i].scales));
 
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
-    const __m128i q8_32 = _mm_hadd_epi16(_mm256_castsi256_si128(bsums),
-                                         _mm256_extracti128_si256(bsums, 1));
-    const __m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sc_mn, 1), q8_32);
+    const __m128i prod = k4_mins_dot(sc_mn, y[i]);
     __m128i isum = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, 0x4E));
     isum = _mm_add_epi32(isum, _mm_shuffle_epi32(isum, 0xB1));  // exact: any order
     summs = std::fma(dmin, static_cast<float>(_mm_cvtsi128_si32(isum)), summs);
