@@ -118,7 +118,11 @@ void dequantize_row_q8_1(const BlockQ8_1* x, float* y, int64_t n) {
   }
 }
 
-void dequantize_row_q4_k(const BlockQ4_K* x, float* y, int64_t n) {
+// ggml's dequantize_row_q4_K and dequantize_row_q5_K: w = d * sc * q - dmin * m per
+// 32-element sub-block. Q5_K adds 16 to a quant whose fifth bit is set (bit s of qh[l] for
+// element 32 s + l).
+template <typename Block>
+void dequantize_row_k4(const Block* x, float* y, int64_t n) {
   const int64_t nb = n / kQK_K;
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* q = x[i].qs;
@@ -136,40 +140,18 @@ void dequantize_row_q4_k(const BlockQ4_K* x, float* y, int64_t n) {
       get_scale_min_k4(is + 1, x[i].scales, &sc, &m);
       const float d2 = d * sc;
       const float m2 = min * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+      for (int l = 0; l < 32; ++l) {
+        int lo = q[l] & 0xF, hi = q[l] >> 4;
+        if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+          lo += (x[i].qh[l] >> is) & 1 ? 16 : 0;
+          hi += (x[i].qh[l] >> (is + 1)) & 1 ? 16 : 0;
+        }
+        y[l] = d1 * lo - m1;
+        y[32 + l] = d2 * hi - m2;
+      }
+      y += 64;
       q += 32;
       is += 2;
-    }
-  }
-}
-
-// ggml's dequantize_row_q5_K: Q4_K's layout, each quant plus 16 where its fifth bit is set
-// (bit s of qh[l] for element 32 s + l).
-void dequantize_row_q5_k(const BlockQ5_K* x, float* y, int64_t n) {
-  const int64_t nb = n / kQK_K;
-  for (int64_t i = 0; i < nb; ++i) {
-    const uint8_t* ql = x[i].qs;
-    const uint8_t* qh = x[i].qh;
-    const float d = fp16_to_fp32(x[i].d);
-    const float min = fp16_to_fp32(x[i].dmin);
-    int is = 0;
-    uint8_t sc = 0;
-    uint8_t m = 0;
-    uint8_t u1 = 1, u2 = 2;
-    for (int j = 0; j < kQK_K; j += 64) {
-      get_scale_min_k4(is + 0, x[i].scales, &sc, &m);
-      const float d1 = d * sc;
-      const float m1 = min * m;
-      get_scale_min_k4(is + 1, x[i].scales, &sc, &m);
-      const float d2 = d * sc;
-      const float m2 = min * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
-      ql += 32;
-      is += 2;
-      u1 = static_cast<uint8_t>(u1 << 2);
-      u2 = static_cast<uint8_t>(u2 << 2);
     }
   }
 }
@@ -636,10 +618,10 @@ bool dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
       dequantize_row_q8_1(static_cast<const BlockQ8_1*>(src), dst, n);
       return true;
     case GgmlType::Q4_K:
-      dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n);
+      dequantize_row_k4(static_cast<const BlockQ4_K*>(src), dst, n);
       return true;
     case GgmlType::Q5_K:
-      dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, n);
+      dequantize_row_k4(static_cast<const BlockQ5_K*>(src), dst, n);
       return true;
     case GgmlType::Q6_K:
       dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n);
