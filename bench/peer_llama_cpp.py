@@ -590,7 +590,9 @@ def main() -> int:
 
     # Only what this command runs: the format sweep needs llama-bench and llama-quantize.
     targets = {"latency": ["llama-bench"], "formats": ["llama-bench", "llama-quantize"],
-               "serve": ["llama-server"], "spec": ["llama-lookup", "llama-speculative-simple"]}.get(args.what, ["llama-bench", "llama-server"])
+               "serve": ["llama-server"], "spec": ["llama-lookup", "llama-speculative-simple"],
+               "build": ["llama-bench", "llama-server", "llama-quantize", "llama-imatrix", "llama-perplexity"]}.get(
+                   args.what, ["llama-bench", "llama-server"])
     build_peer(args.jobs, targets)
     if args.what == "build":
         return 0

@@ -16,6 +16,13 @@ and llama-perplexity reports its own perplexity of Tessera's files. Prints a Mar
 
 Methods: rtn, importance (from a saved imatrix), gptq and awq (each calibrating itself on
 --calibration; both need the full input covariances, which an imatrix file does not hold).
+W8A8 rows (--w8a8): quantizer.int8 loading the F32 file (int8 weights per output row, int8
+activations per token), and the same on an AWQ-folded F32 file (`--type F32 --method awq
+--awq-alpha 0.5`: activation outliers moved into the weights, SmoothQuant's idea).
+
+Speed (unless --no-speed): `tessera bench latency -p 512 -g 128` of every row's file on the
+default serving stack (configs/smollm2-cpu.yaml, quantizer.gguf interleaved; the W8A8 rows with
+quantizer.int8), and the weight bytes one token reads as that stack holds them.
 Types in --pure-types are made with --pure by both quantizers (Q4_K: llama-quantize --pure
 Q4_K_S, the same tensor types as Tessera's --pure Q4_K); llama.cpp's Q4_K_M stays as a context row.
 """
@@ -53,6 +60,13 @@ def stack(out: Path, name: str, model: Path) -> Path:
     return p
 
 
+def speed_stack(out: Path, name: str, model: Path, quantizer: str = "") -> Path:
+    p = out / f"{name}.speed.yaml"
+    engine = f"engine:\n  quantizer: {{plugin: {quantizer}}}\n" if quantizer else ""
+    p.write_text(f"extends: {ROOT / 'configs/smollm2-cpu.yaml'}\nmodel: {{path: {model}}}\n{engine}")
+    return p
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tessera", type=Path, default=ROOT / "build/bin/tessera")
@@ -69,6 +83,9 @@ def main() -> None:
     ap.add_argument("--peer-types", default="Q4_0,Q4_K", help="types llama-quantize adds rows for")
     ap.add_argument("--peer", type=Path, help="llama.cpp bin dir (llama-quantize, llama-imatrix, llama-perplexity)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--no-speed", action="store_true", help="skip the pp512 / tg128 measurements")
+    ap.add_argument("--speed-repeats", type=int, default=3)
+    ap.add_argument("--no-w8a8", action="store_true", help="skip the quantizer.int8 (W8A8) rows")
     args = ap.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -90,26 +107,80 @@ def main() -> None:
 
     rows = []
 
-    def evaluate(label: str, method: str, typ: str, path: Path) -> None:
-        j = out / f"{path.stem}.json"
+    def speed(name: str, path: Path, quantizer: str = "") -> dict:
+        if args.no_speed:
+            return {}
+        j = out / f"{name}.speed.json"
+        if not j.exists():
+            run([t, "bench", "latency", "-c", speed_stack(out, name, path, quantizer), "-p", 512, "-g", 128,
+                 "-r", args.speed_repeats, "--json", j], stdout=subprocess.DEVNULL)
+        r = json.load(open(j))
+        return {"pp512": r["pp"]["tokens_per_s"]["p50"], "tg128": r["tg"]["tokens_per_s"]["p50"],
+                "weights_mib": r["model"]["weight_bytes_per_token"] / 2**20}
+
+    peer_env = dict(os.environ, LD_LIBRARY_PATH=str(args.peer)) if args.peer else None
+
+    def llama_kld(path: Path) -> dict:
+        """llama-perplexity --kl-divergence of `path` against its own base file of f32.gguf."""
+        if not args.peer:
+            return {}
+        cached = out / f"{path.stem}.llama-kld.txt"
+        base = out / "llama-f32.kld"
+        common = ["-c", args.ctx, "-t", args.threads, *(["--chunks", args.chunks] if args.chunks else [])]
+        if not base.exists():
+            run([args.peer / "llama-perplexity", "-m", f32, "-f", args.corpus, *common, "--kl-divergence-base", base],
+                env=peer_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not cached.exists():
+            p = run([args.peer / "llama-perplexity", "-m", path, *common, "--kl-divergence-base", base,
+                     "--kl-divergence"], env=peer_env, capture_output=True, text=True)
+            cached.write_text(p.stdout + p.stderr)
+        text = cached.read_text()
+
+        def field(label: str) -> float:
+            line = next(l for l in text.splitlines() if l.startswith(label))
+            return float(line.split(":", 1)[1].split()[0])
+        return {"llama_ppl": field("Mean PPL(Q)"), "llama_kld_mean": field("Mean    KLD"),
+                "llama_kld_p99": field("99.0%   KLD"), "llama_top1": field("Same top p") / 100}
+
+    def evaluate(label: str, method: str, typ: str, path: Path, quantizer: str = "", name: str = "") -> None:
+        name = name or path.stem
+        j = out / f"{name}.json"
         t0 = time.time()
-        run([t, "eval", "-q", "-c", stack(out, path.stem, path), "-f", args.corpus, "--ctx", args.ctx, *chunks,
-             "--reference-logits", ref, "--json", j])
+        cfg = stack(out, name, path)
+        if quantizer:
+            cfg.write_text(cfg.read_text() + f"engine:\n  quantizer: {{plugin: {quantizer}}}\n")
+        if not j.exists():  # cached: a rerun only adds what is missing
+            run([t, "eval", "-q", "-c", cfg, "-f", args.corpus, "--ctx", args.ctx, *chunks,
+                 "--reference-logits", ref, "--json", j])
         r = json.load(open(j))
         rows.append({"who": label, "method": method, "type": typ, "size_mib": path.stat().st_size / 2**20,
                      "ppl": r["ppl"], "ppl_err": r.get("ppl_error"), "kld_mean": r["kld"]["mean"],
-                     "kld_p99": r["kld"]["p99"], "top1": r["top1_agreement"], "eval_s": time.time() - t0})
+                     "kld_p99": r["kld"]["p99"], "top1": r["top1_agreement"], "eval_s": time.time() - t0,
+                     **speed(name, path, quantizer), **({} if quantizer else llama_kld(path))})
         log(json.dumps(rows[-1]))
 
     f32_json = json.load(open(out / "f32.json"))
     rows.append({"who": "tessera", "method": "reference", "type": "F32", "size_mib": f32.stat().st_size / 2**20,
                  "ppl": f32_json["ppl"], "ppl_err": f32_json.get("ppl_error"), "kld_mean": 0.0, "kld_p99": 0.0,
-                 "top1": 1.0, "eval_s": 0})
+                 "top1": 1.0, "eval_s": 0, **speed("f32", f32)})
+    if not args.no_w8a8:
+        # W8A8 is a load-time layout (quantizer.int8), not a file type: the F32 file as it is, and
+        # with activation outliers folded into the weights first.
+        evaluate("tessera", "int8 (W8A8)", "F32 file", f32, quantizer="int8", name="w8a8-f32")
+        smoothed = out / "awq-folded-f32.gguf"
+        if not smoothed.exists():
+            run([t, "quantize", "-q", f32, smoothed, "--type", "F32", "--method", "awq", "--awq-alpha", 0.5,
+                 "--calibration", args.calibration, "--ctx", args.ctx, "--threads", args.threads,
+                 *(["--chunks", args.calib_chunks] if args.calib_chunks else [])])
+        evaluate("tessera", "int8 (W8A8), AWQ-folded α 0.5", "F32 file", smoothed, quantizer="int8",
+                 name="w8a8-awq-f32")
     pure_types = set(filter(None, args.pure_types.split(",")))
     for typ in args.types.split(","):
         pure = ["--pure"] if typ in pure_types else []
         label = typ + (" --pure" if pure else "")
         for method in args.methods.split(","):
+            if method == "gptq" and typ == "Q6_K":
+                continue  # gptq writes the 32-block formats and Q4_K (docs/quantize.md)
             q = out / f"tessera-{method}-{typ}{'-pure' if pure else ''}.gguf"
             extra = []
             if method == "importance":
@@ -124,8 +195,8 @@ def main() -> None:
                 log(f"quantize {method} {label}: {time.time() - t0:.1f} s")
             rtn = out / f"tessera-rtn-{typ}{'-pure' if pure else ''}.gguf"
             if method != "rtn" and rtn.exists() and rtn.read_bytes() == q.read_bytes():
-                rows.append(dict(next(r for r in rows if r["who"] == "tessera" and r["type"] == label),
-                                 method=method + " (= rtn bytes)"))
+                rows.append(dict(next(r for r in rows if r["who"] == "tessera" and r["type"] == label
+                                      and r["method"] == "rtn"), method=method + " (= rtn bytes)"))
                 continue
             evaluate("tessera", method, label, q)
 
@@ -148,11 +219,17 @@ def main() -> None:
                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 evaluate("llama-quantize", method, ftype + (" --pure" if pure else ""), q)
 
-    print("| quantizer | method | type | size MiB | PPL | KLD mean | KLD 99 % | same top-1 |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+    def num(r, key, fmt):
+        return format(r[key], fmt) if key in r else "–"
+    print("| quantizer | method | type | file MiB | weights MiB | pp512 t/s | tg128 t/s | PPL | KLD mean | KLD 99 % | same top-1 "
+          "| llama-perplexity: PPL | KLD mean | KLD 99 % | same top-1 |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['who']} | {r['method']} | {r['type']} | {r['size_mib']:.1f} | {r['ppl']:.4f} | "
-              f"{r['kld_mean']:.5f} | {r['kld_p99']:.4f} | {100 * r['top1']:.2f} % |")
+        llama = (f"{num(r, 'llama_ppl', '.4f')} | {num(r, 'llama_kld_mean', '.5f')} | {num(r, 'llama_kld_p99', '.4f')} | "
+                 + (f"{100 * r['llama_top1']:.2f} %" if "llama_top1" in r else "–"))
+        print(f"| {r['who']} | {r['method']} | {r['type']} | {r['size_mib']:.1f} | {num(r, 'weights_mib', '.1f')} | "
+              f"{num(r, 'pp512', '.0f')} | {num(r, 'tg128', '.1f')} | {r['ppl']:.4f} | "
+              f"{r['kld_mean']:.5f} | {r['kld_p99']:.4f} | {100 * r['top1']:.2f} % | {llama} |")
     json.dump(rows, open(out / "table.json", "w"), indent=1)
 
 

@@ -119,6 +119,10 @@ void run_quantize(const QuantizeCliOptions& opt) {
   else if (opt.method == "importance") method = quant::QuantMethod::kImportance;
   else if (opt.method == "gptq") method = quant::QuantMethod::kGptq;
   else if (opt.method == "awq") method = quant::QuantMethod::kAwq;
+  else if (opt.method == "int8")
+    throw CommandError("--method int8: W8A8 (per-row int8 weights, per-token int8 activations) is a "
+                       "load-time layout, not a GGUF type llama.cpp could read: write the float model "
+                       "(--type F32 or F16) and serve it with engine.quantizer: {plugin: int8}");
   else throw CommandError("--method '" + opt.method + "': one of rtn, importance, gptq, awq");
   const bool importance = method == quant::QuantMethod::kImportance;
   const bool hessian = method == quant::QuantMethod::kGptq || method == quant::QuantMethod::kAwq;

@@ -118,6 +118,22 @@ if "$bin" quantize -q --threads 2 "$model" f32.gguf --type F32 2>f32.err; then
   else
     fail "awq folding: $(tail -2 fold.err)"
   fi
+  # W8A8: quantizer.int8 loading the F32 file (int8 rows, int8 tokens, integer dots). The
+  # rounding is real (KLD above zero) and bounded; the greedy answer survives.
+  stack w8a8 "$PWD/f32.gguf"
+  printf 'engine:\n  quantizer: {plugin: int8}\n' >>w8a8.yaml
+  if "$bin" "${eval_args[@]}" --config w8a8.yaml --reference-logits f32.logp --json w8a8.json 2>w8a8.eval.err &&
+     python3 -c "import json,sys; r=json.load(open('w8a8.json')); k=r['kld']['mean']; print(f'KLD mean {k:.4f}, top-1 {r[\"top1_agreement\"]:.4f}, ppl {r[\"ppl\"]:.3f}'); sys.exit(0 if 1e-4 < k < 0.1 and r['top1_agreement'] > 0.8 else 1)" >w8a8.kld; then
+    pass "W8A8 (quantizer.int8) on the F32 model: $(cat w8a8.kld)"
+  else
+    fail "W8A8 against the F32 model: $(cat w8a8.kld 2>/dev/null) $(tail -2 w8a8.eval.err)"
+  fi
+  if "$bin" generate -c w8a8.yaml -p "$prompt" --max-tokens 8 --temperature 0 >w8a8.txt 2>w8a8.gen.err &&
+     grep -qi paris w8a8.txt; then
+    pass "W8A8 greedy continuation (paris): $(tr '\n' ' ' <w8a8.txt)"
+  else
+    fail "W8A8 greedy continuation: '$(cat w8a8.txt)' $(tail -2 w8a8.gen.err)"
+  fi
   "$bin" quantize -q --threads 2 f32.gguf rtn.gguf --type Q4_0 2>rtn.err && stack rtn "$PWD/rtn.gguf" &&
     "$bin" "${eval_args[@]}" --config rtn.yaml --json rtn.json 2>>rtn.err || fail "rtn Q4_0: $(tail -2 rtn.err)"
   for method in gptq awq; do
@@ -141,6 +157,8 @@ fi
 # --- bad input: one error, no output ------------------------------------------------------
 expect_error_1 "unknown --type" "--type 'Q3_K': not a target type" "$bin" quantize -q "$model" bad.gguf --type Q3_K
 expect_error_1 "unknown --method" "--method 'awq2'" "$bin" quantize -q "$model" bad.gguf --type Q4_0 --method awq2
+expect_error_1 "int8 is a load-time layout" "engine.quantizer: {plugin: int8}" \
+  "$bin" quantize -q "$model" bad.gguf --type Q8_0 --method int8
 expect_error_1 "importance without calibration" "needs --calibration" "$bin" quantize -q "$model" bad.gguf --type Q4_0 --method importance
 expect_error_1 "missing calibration file" "--calibration 'no-such.txt': no such file" \
   "$bin" quantize -q "$model" bad.gguf --type Q4_0 --method importance --calibration no-such.txt

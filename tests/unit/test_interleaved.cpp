@@ -291,7 +291,7 @@ TEST_CASE("interleaved matmul, each type: within float rounding of ggml's vec_do
 
 #if defined(__x86_64__) || defined(__i386__)
 TEST_CASE("interleaved matmul, each type: the AVX-VNNI kernels equal the AVX2 ones bit for bit") {
-  if (!tessera::cpu_has_avx2() || !tessera::kernels::cpu_has_avx_vnni()) {
+  if (!tessera::cpu_has_avx2() || !tessera::cpu_has_avx_vnni()) {
     MESSAGE("CPU lacks AVX-VNNI (or TESSERA_NO_AVX_VNNI is set): only the AVX2 kernels run here");
     return;
   }

@@ -516,8 +516,6 @@ void matmul_interleaved_scalar(GgmlType type, const void* packed, int64_t cols, 
   }
 }
 
-namespace kernels {
-
 bool cpu_has_avx_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool supported = [] {
@@ -531,8 +529,6 @@ bool cpu_has_avx_vnni() {
   return false;
 #endif
 }
-
-}  // namespace kernels
 
 #if defined(__x86_64__) || defined(__i386__)
 namespace kernels {
@@ -587,7 +583,7 @@ void matmul_interleaved(GgmlType type, const void* packed, int64_t cols, int64_t
     const int64_t nb = cols / block_elements(type);
     const auto* xb = static_cast<const uint8_t*>(x);
     const int id = static_cast<int>(type);
-    if (kernels::cpu_has_avx_vnni())
+    if (cpu_has_avx_vnni())
       return kernels::matmul_x8_avxvnni(id, nb, packed, w_rows, xb, x_stride, x_rows, y, y_stride);
     return kernels::matmul_x8_avx2(id, nb, packed, w_rows, xb, x_stride, x_rows, y, y_stride);
   }

@@ -269,8 +269,6 @@ void matmul_x8_avxvnni(int type_id, int64_t nb, const void* packed, int64_t w_ro
                        const uint8_t* x, size_t x_stride, int64_t x_rows, float* y,
                        int64_t y_stride);
 
-// True when the CPU has AVX-VNNI (CPUID.(EAX=7, ECX=1):EAX bit 4) besides AVX2, and the
-// environment does not set TESSERA_NO_AVX_VNNI (to measure or test the AVX2 kernels alone).
-bool cpu_has_avx_vnni();
+// tessera::cpu_has_avx_vnni() (SDK ggml_types.h) chooses between the two builds.
 
 }  // namespace tessera::kernels

@@ -82,5 +82,8 @@ void vec_dot_tile_scalar(GgmlType weight_type, int64_t n, const void* w, size_t 
                          int64_t y_stride);
 // True when the running CPU has AVX2+FMA+F16C and the SIMD kernels are compiled in.
 bool cpu_has_avx2();
+// True when cpu_has_avx2() and the CPU also has AVX-VNNI (vpdpbusd on 256-bit vectors), unless
+// the environment sets TESSERA_NO_AVX_VNNI (kernels 1.3).
+bool cpu_has_avx_vnni();
 
 }  // namespace tessera

@@ -20,7 +20,7 @@
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
-#define TESSERA_SDK_KERNELS_VERSION_MINOR 2
+#define TESSERA_SDK_KERNELS_VERSION_MINOR 3
 
 namespace tessera {
 inline constexpr int kSdkKernelsVersionMajor = TESSERA_SDK_KERNELS_VERSION_MAJOR;
