@@ -9,14 +9,6 @@
 
 namespace tessera::int8_w8a8 {
 
-namespace {
-// Round to nearest, ties to even (the default FP mode), as _mm256_cvtps_epi32 does.
-inline int32_t round_clamp(float v) {
-  const float r = std::nearbyint(v);
-  return static_cast<int32_t>(std::clamp(r, -127.0f, 127.0f));
-}
-}  // namespace
-
 void pack_rows(const float* src, int64_t rows, int64_t cols, int8_t* groups, float* scale,
                int32_t* row_sum) {
   const int64_t kp = padded_cols(cols);

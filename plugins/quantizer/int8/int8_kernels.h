@@ -15,6 +15,8 @@
 // scalar, AVX2 and AVX-VNNI outputs are equal bit for bit (tests/unit/test_int8_w8a8.cpp).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -25,6 +27,12 @@ inline constexpr int64_t kColAlign = 32;
 
 inline int64_t padded_cols(int64_t cols) { return (cols + kColAlign - 1) / kColAlign * kColAlign; }
 inline int64_t num_groups(int64_t rows) { return (rows + kGroupRows - 1) / kGroupRows; }
+
+// v rounded to nearest, ties to even (the default FP mode, as _mm256_cvtps_epi32 rounds), then
+// clamped to [-127, 127]: every int8 value of weights and activations.
+inline int32_t round_clamp(float v) {
+  return static_cast<int32_t>(std::clamp(std::nearbyint(v), -127.0f, 127.0f));
+}
 
 // One prepared weight's arrays. `groups` holds num_groups(rows) * 8 * padded_cols bytes;
 // `scale` and `row_sum` num_groups(rows) * 8 entries (0 for the padding rows).

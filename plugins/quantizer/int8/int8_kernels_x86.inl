@@ -132,10 +132,7 @@ float quantize_token_avx2(const float* x, int64_t cols, int64_t padded, bool off
     for (int i = 0; i < 8; ++i) out[c + i] = static_cast<uint8_t>(q[i]);
   }
   const int32_t off = offset_128 ? 128 : 0;
-  for (; c < cols; ++c) {
-    const float r = std::nearbyint(x[c] * inv);
-    out[c] = static_cast<uint8_t>(static_cast<int32_t>(std::clamp(r, -127.0f, 127.0f)) + off);
-  }
+  for (; c < cols; ++c) out[c] = static_cast<uint8_t>(round_clamp(x[c] * inv) + off);
   for (; c < padded; ++c) out[c] = static_cast<uint8_t>(off);
   return amax / 127.0f;
 }

@@ -74,7 +74,11 @@ constexpr int64_t kSerialQuantizeElements = 16 * 1536;
 
 class Int8Quantizer final : public Quantizer, public GroupedMatmul {
  public:
-  explicit Int8Quantizer(Kernel kernel) : kernel_(kernel) {}
+  explicit Int8Quantizer(Kernel kernel)
+      : kernel_(kernel),
+        gemm_(kernel == Kernel::kAvxVnni ? &int8_w8a8::gemm_avxvnni
+              : kernel == Kernel::kAvx2  ? &int8_w8a8::gemm_avx2
+                                         : &int8_w8a8::gemm_scalar) {}
 
   bool supports(uint32_t ggml_type) const override {
     const auto t = static_cast<GgmlType>(ggml_type);
@@ -129,12 +133,11 @@ class Int8Quantizer final : public Quantizer, public GroupedMatmul {
     if (targets.empty() || num_tokens <= 0) return;
     const int64_t cols = targets.front().weight->cols();
     const Activations xs = quantize_input(x, cols, num_tokens, executor);
-    std::vector<int64_t>& first_task = first_task_;
+    std::vector<int64_t>& first_task = first_task_;  // capacity kept between calls
     first_task.resize(targets.size() + 1);
     first_task[0] = 0;
     for (size_t i = 0; i < targets.size(); ++i)
       first_task[i + 1] = first_task[i] + (targets[i].weight->rows() + kRowsPerTask - 1) / kRowsPerTask;
-    const Kernel kernel = kernel_;
     executor.run(first_task.back(), [&](int64_t begin, int64_t end, int) {
       for (size_t i = 0; i < targets.size() && begin < end; ++i) {
         if (begin >= first_task[i + 1]) continue;
@@ -142,11 +145,7 @@ class Int8Quantizer final : public Quantizer, public GroupedMatmul {
         const int64_t stop = std::min(end, first_task[i + 1]);
         const int64_t r0 = (begin - first_task[i]) * kRowsPerTask;
         const int64_t r1 = std::min(w.rows, (stop - first_task[i]) * kRowsPerTask);
-        switch (kernel) {
-          case Kernel::kAvxVnni: int8_w8a8::gemm_avxvnni(w, r0, r1, xs, num_tokens, targets[i].y, w.rows); break;
-          case Kernel::kAvx2: int8_w8a8::gemm_avx2(w, r0, r1, xs, num_tokens, targets[i].y, w.rows); break;
-          case Kernel::kScalar: int8_w8a8::gemm_scalar(w, r0, r1, xs, num_tokens, targets[i].y, w.rows); break;
-        }
+        gemm_(w, r0, r1, xs, num_tokens, targets[i].y, w.rows);
         begin = stop;
       }
     });
@@ -215,7 +214,9 @@ class Int8Quantizer final : public Quantizer, public GroupedMatmul {
     return arena_;
   }
 
-  Kernel kernel_;
+  using Gemm = void (*)(const PackedWeight&, int64_t, int64_t, const Activations&, int64_t, float*, int64_t);
+  Kernel kernel_;  // also decides the activations' form (signed, or offset for AVX-VNNI)
+  Gemm gemm_;      // the kernel's matmul
   std::vector<uint8_t> activations_;  // quantized inputs, grown on demand
   std::vector<float> token_scales_;
   std::vector<int64_t> first_task_;   // per-call scratch, capacity kept
