@@ -40,11 +40,49 @@ inline __m256 load8(const uint16_t* p) {
 }
 #endif
 
-// dot(a, b) over n elements. The portable loop keeps eight independent partial sums so the
-// compiler can vectorize it without reassociating (no -ffast-math needed). b may be f16: its
-// elements widen exactly, so the result is the same as over a widened copy.
+// A Q8_0 row (tessera/sdk/kv_rows.h) read where it lies, the way the loops below read a float
+// or f16 row: `row + k` is k elements on, `row[k]` and load8(row + k) widen elements with
+// widen_kv_row's one exact multiply d * q. So a loop computes over a Q8_0 pool in place what
+// it computes over a tile widened to f32 scratch, bit for bit, without the scratch's store and
+// reload. 8-element loads must not straddle a 32-element block: the loops load at multiples
+// of 8 from the row's start, and a Q8_0 head_dim is a multiple of 32.
+struct Q8Row {
+  const KvBlockQ8_0* blocks;
+  int32_t offset;  // in elements
+  Q8Row operator+(int32_t n) const { return {blocks, offset + n}; }
+  float operator[](int32_t i) const {
+    const int32_t e = offset + i;
+    const KvBlockQ8_0& b = blocks[e / kKvQ8BlockElems];
+    return kv_half_to_float(b.d) * static_cast<float>(b.qs[e % kKvQ8BlockElems]);
+  }
+};
+#if TESSERA_FLASH_AVX2
+// The loops below widen 8 elements at a time with load8(row + k, block_scale(row + k)): the
+// scale of a Q8_0 block is converted once per 16 or 32 elements instead of once per load, and
+// float and f16 rows get an empty scale that costs nothing. A scale serves the loads of the
+// 32-element block it was taken from.
+struct NoScale {};
 template <class T>
-inline float dot(const float* a, const T* b, int32_t n) {
+inline NoScale block_scale(const T*) { return {}; }
+template <class T>
+inline __m256 load8(const T* p, NoScale) { return load8(p); }
+inline __m256 block_scale(Q8Row r) {
+  // F16C's half -> float is exact for every non-NaN half, as kv_half_to_float is.
+  return _mm256_set1_ps(_cvtsh_ss(r.blocks[r.offset / kKvQ8BlockElems].d));
+}
+inline __m256 load8(Q8Row r, __m256 d) {
+  const int8_t* q = r.blocks[r.offset / kKvQ8BlockElems].qs + r.offset % kKvQ8BlockElems;
+  const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+  return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
+}
+inline __m256 load8(Q8Row r) { return load8(r, block_scale(r)); }
+#endif
+
+// dot(a, b) over n elements. The portable loop keeps eight independent partial sums so the
+// compiler can vectorize it without reassociating (no -ffast-math needed). b may be an f16
+// row or a Q8Row: its elements widen exactly, so the result is the same as over a widened copy.
+template <class Row>
+inline float dot(const float* a, Row b, int32_t n) {
   int32_t k = 0;
   float sum = 0.0f;
 #if TESSERA_FLASH_AVX2
@@ -145,22 +183,24 @@ inline void scores(const float* q, KRow k_row, int32_t cols, int32_t n, float sc
 #if TESSERA_FLASH_AVX2
   if (n % 8 == 0) {
     for (; c + 4 <= cols; c += 4) {
-      const auto* k0 = k_row(c);
-      const auto* k1 = k_row(c + 1);
-      const auto* k2 = k_row(c + 2);
-      const auto* k3 = k_row(c + 3);
+      const auto k0 = k_row(c);
+      const auto k1 = k_row(c + 1);
+      const auto k2 = k_row(c + 2);
+      const auto k3 = k_row(c + 3);
       __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
       int32_t k = 0;
       for (; k + 16 <= n; k += 16) {
         const __m256 qa = _mm256_loadu_ps(q + k), qb = _mm256_loadu_ps(q + k + 8);
-        a0 = _mm256_fmadd_ps(qa, load8(k0 + k), a0);
-        b0 = _mm256_fmadd_ps(qb, load8(k0 + k + 8), b0);
-        a1 = _mm256_fmadd_ps(qa, load8(k1 + k), a1);
-        b1 = _mm256_fmadd_ps(qb, load8(k1 + k + 8), b1);
-        a2 = _mm256_fmadd_ps(qa, load8(k2 + k), a2);
-        b2 = _mm256_fmadd_ps(qb, load8(k2 + k + 8), b2);
-        a3 = _mm256_fmadd_ps(qa, load8(k3 + k), a3);
-        b3 = _mm256_fmadd_ps(qb, load8(k3 + k + 8), b3);
+        const auto d0 = block_scale(k0 + k), d1 = block_scale(k1 + k);
+        a0 = _mm256_fmadd_ps(qa, load8(k0 + k, d0), a0);
+        b0 = _mm256_fmadd_ps(qb, load8(k0 + k + 8, d0), b0);
+        a1 = _mm256_fmadd_ps(qa, load8(k1 + k, d1), a1);
+        b1 = _mm256_fmadd_ps(qb, load8(k1 + k + 8, d1), b1);
+        const auto d2 = block_scale(k2 + k), d3 = block_scale(k3 + k);
+        a2 = _mm256_fmadd_ps(qa, load8(k2 + k, d2), a2);
+        b2 = _mm256_fmadd_ps(qb, load8(k2 + k + 8, d2), b2);
+        a3 = _mm256_fmadd_ps(qa, load8(k3 + k, d3), a3);
+        b3 = _mm256_fmadd_ps(qb, load8(k3 + k + 8, d3), b3);
       }
       for (; k + 8 <= n; k += 8) {
         const __m256 qa = _mm256_loadu_ps(q + k);
@@ -193,7 +233,7 @@ inline void rescale_accumulate_tail(float* o, float alpha, const float* p, VRow 
     for (int32_t k = k0; k < d; ++k) o[k] *= alpha;
   for (int32_t c = 0; c < cols; ++c) {
     const float pc = p[c];
-    const auto* vc = v_row(c);
+    const auto vc = v_row(c);
     for (int32_t k = k0; k < d; ++k) o[k] += pc * widen(vc[k]);
   }
 }
@@ -213,9 +253,11 @@ inline void rescale_accumulate(float* o, float alpha, const float* p, VRow v_row
     __m256 acc[8];
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 8 * j));
     for (int32_t c = 0; c < cols; ++c) {
-      const auto* vc = v_row(c) + k0;
+      const auto vc = v_row(c) + k0;
       const __m256 pc = _mm256_set1_ps(p[c]);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(pc, load8(vc + 8 * j), acc[j]);
+      const auto d0 = block_scale(vc), d1 = block_scale(vc + 32);
+      for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(pc, load8(vc + 8 * j, d0), acc[j]);
+      for (int j = 4; j < 8; ++j) acc[j] = _mm256_fmadd_ps(pc, load8(vc + 8 * j, d1), acc[j]);
     }
     for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + k0 + 8 * j, acc[j]);
   }
@@ -225,12 +267,13 @@ inline void rescale_accumulate(float* o, float alpha, const float* p, VRow v_row
     __m256 o2 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 16));
     __m256 o3 = _mm256_mul_ps(a, _mm256_loadu_ps(o + k0 + 24));
     for (int32_t c = 0; c < cols; ++c) {
-      const auto* vc = v_row(c) + k0;
+      const auto vc = v_row(c) + k0;
       const __m256 pc = _mm256_set1_ps(p[c]);
-      o0 = _mm256_fmadd_ps(pc, load8(vc), o0);
-      o1 = _mm256_fmadd_ps(pc, load8(vc + 8), o1);
-      o2 = _mm256_fmadd_ps(pc, load8(vc + 16), o2);
-      o3 = _mm256_fmadd_ps(pc, load8(vc + 24), o3);
+      const auto dv = block_scale(vc);
+      o0 = _mm256_fmadd_ps(pc, load8(vc, dv), o0);
+      o1 = _mm256_fmadd_ps(pc, load8(vc + 8, dv), o1);
+      o2 = _mm256_fmadd_ps(pc, load8(vc + 16, dv), o2);
+      o3 = _mm256_fmadd_ps(pc, load8(vc + 24, dv), o3);
     }
     _mm256_storeu_ps(o + k0, o0);
     _mm256_storeu_ps(o + k0 + 8, o1);
@@ -283,34 +326,57 @@ inline void load_tile(const AttentionShape& s, KvDtype dtype, const void* pool,
   }
 }
 
-// slots[i] = where position begin + i's row starts in a K or V pool (elements, KV head 0;
-// KV head h is h * head_dim further), for positions [begin, end). The block table is walked
-// a block at a time: the decode loops used to find each row with a division and a table
-// lookup per read (perf showed the idivs), and read every row several times.
+// slots[i] = where position begin + i's rows start in a K or V pool (in the pool's units:
+// elements of a float pool, bytes of a Q8_0 one; KV head 0), for positions [begin, end):
+// slot * `slot_stride`, the stride being one position's rows of all KV heads. The block table
+// is walked a block at a time: the decode loops used to find each row with a division and a
+// table lookup per read (perf showed the idivs), and read every row several times.
 inline void tile_slots(const AttentionShape& s, const AttentionSequence& seq, int32_t begin,
-                       int32_t end, int64_t* slots) {
-  const int64_t row_stride = static_cast<int64_t>(s.num_kv_heads) * s.head_dim;
+                       int32_t end, int64_t slot_stride, int64_t* slots) {
   for (int32_t pos = begin; pos < end;) {
     const int32_t in_block = pos % s.block_size;
     const int32_t run = std::min(end - pos, s.block_size - in_block);  // rows left in block
     const int64_t first =
         (static_cast<int64_t>(seq.block_table[pos / s.block_size]) * s.block_size + in_block) *
-        row_stride;
-    for (int32_t r = 0; r < run; ++r) *slots++ = first + r * row_stride;
+        slot_stride;
+    for (int32_t r = 0; r < run; ++r) *slots++ = first + r * slot_stride;
     pos += run;
   }
 }
 
-template <class T>
-inline void prefetch_row(const T* row, int32_t d) {
+inline void prefetch_bytes(const void* row, size_t bytes) {
 #if TESSERA_FLASH_AVX2
-  const char* p = reinterpret_cast<const char*>(row);
-  for (size_t o = 0; o < d * sizeof(T); o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+  const char* p = static_cast<const char*>(row);
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
 #else
   (void)row;
-  (void)d;
+  (void)bytes;
 #endif
 }
+
+// One K or V pool as the in-place decode loops read it: at(slot, h) is KV head h's row at a
+// tile_slots() entry, prefetch() asks for `heads` consecutive heads' rows from there.
+template <class T>
+struct FloatPool {  // f32 or f16 elements
+  const T* base;
+  int32_t head_dim;
+  const T* at(int64_t slot, int32_t kv_head) const {
+    return base + slot + static_cast<int64_t>(kv_head) * head_dim;
+  }
+  void prefetch(int64_t slot, int32_t kv_head, int32_t heads) const {
+    prefetch_bytes(at(slot, kv_head), static_cast<size_t>(heads) * head_dim * sizeof(T));
+  }
+};
+struct Q8Pool {
+  const uint8_t* base;
+  size_t head_bytes;  // one head's row: head_dim / 32 blocks
+  Q8Row at(int64_t slot, int32_t kv_head) const {
+    return {reinterpret_cast<const KvBlockQ8_0*>(base + slot + kv_head * head_bytes), 0};
+  }
+  void prefetch(int64_t slot, int32_t kv_head, int32_t heads) const {
+    prefetch_bytes(base + slot + kv_head * head_bytes, heads * head_bytes);
+  }
+};
 
 // The softmax half of a tile step for one row of `cols` scores: the running max m grows to
 // cover the tile, the scores become probabilities exp(score - max) in place, the running sum
@@ -360,23 +426,24 @@ inline void scores_heads(const float* q, KAt k_at, int32_t cols, int32_t n, floa
     for (; c + 4 <= cols; c += 4) {
       __m128 t[H][4];  // [head][key]: folded partial sums
       for (int32_t pair = 0; pair < 4; pair += 2) {
-        const auto* k0 = k_at(c + pair);
-        const auto* k1 = k_at(c + pair + 1);
+        const auto k0 = k_at(c + pair);
+        const auto k1 = k_at(c + pair + 1);
         __m256 a0[H], b0[H], a1[H], b1[H];
 #pragma GCC unroll 4
         for (int h = 0; h < H; ++h) a0[h] = b0[h] = a1[h] = b1[h] = _mm256_setzero_ps();
         int32_t k = 0;
         for (; k + 16 <= n; k += 16) {
-          __m256 kv = load8(k0 + k);
+          const auto d0 = block_scale(k0 + k), d1 = block_scale(k1 + k);
+          __m256 kv = load8(k0 + k, d0);
 #pragma GCC unroll 4
           for (int h = 0; h < H; ++h) a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k), kv, a0[h]);
-          kv = load8(k0 + k + 8);
+          kv = load8(k0 + k + 8, d0);
 #pragma GCC unroll 4
           for (int h = 0; h < H; ++h) b0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k + 8), kv, b0[h]);
-          kv = load8(k1 + k);
+          kv = load8(k1 + k, d1);
 #pragma GCC unroll 4
           for (int h = 0; h < H; ++h) a1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k), kv, a1[h]);
-          kv = load8(k1 + k + 8);
+          kv = load8(k1 + k + 8, d1);
 #pragma GCC unroll 4
           for (int h = 0; h < H; ++h) b1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * n + k + 8), kv, b1[h]);
         }
@@ -431,13 +498,14 @@ inline void rescale_accumulate_heads(float* o, const float* alpha, const float* 
       for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_mul_ps(a, _mm256_loadu_ps(o + h * d + k0 + 8 * j));
     }
     for (int32_t c = 0; c < cols; ++c) {
-      const auto* vc = v_at(c) + k0;
+      const auto vc = v_at(c) + k0;
       __m256 pc[H];
 #pragma GCC unroll 4
       for (int h = 0; h < H; ++h) pc[h] = _mm256_set1_ps(p[h * cols + c]);
+      const auto dv = block_scale(vc);  // k0 is a multiple of 32: one block
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
-        const __m256 v = load8(vc + 8 * j);
+        const __m256 v = load8(vc + 8 * j, dv);
 #pragma GCC unroll 4
         for (int h = 0; h < H; ++h) acc[h][j] = _mm256_fmadd_ps(pc[h], v, acc[h][j]);
       }
@@ -483,35 +551,60 @@ inline void tile_step_group(const float* q, KAt k_at, VAt v_at, int32_t cols, in
                       o + static_cast<size_t>(g) * d, m + g, l + g);
 }
 
+// Calls fn(k_pool, v_pool, slot_stride) with the batch's K and V pools as FloatPool<float>,
+// FloatPool<uint16_t> or Q8Pool (K and V of one dtype: the in-place decode paths), and the
+// stride tile_slots() needs for them.
+template <class Fn>
+inline void with_pools(const AttentionShape& s, const AttentionBatch& batch, Fn&& fn) {
+  const int32_t d = s.head_dim;
+  switch (s.k_dtype) {
+    case KvDtype::kF32:
+      fn(FloatPool<float>{static_cast<const float*>(batch.k_pool), d},
+         FloatPool<float>{static_cast<const float*>(batch.v_pool), d},
+         static_cast<int64_t>(s.num_kv_heads) * d);
+      return;
+    case KvDtype::kF16:
+      fn(FloatPool<uint16_t>{static_cast<const uint16_t*>(batch.k_pool), d},
+         FloatPool<uint16_t>{static_cast<const uint16_t*>(batch.v_pool), d},
+         static_cast<int64_t>(s.num_kv_heads) * d);
+      return;
+    case KvDtype::kQ8_0: {
+      const size_t head_bytes = kv_row_bytes(KvDtype::kQ8_0, d);
+      fn(Q8Pool{static_cast<const uint8_t*>(batch.k_pool), head_bytes},
+         Q8Pool{static_cast<const uint8_t*>(batch.v_pool), head_bytes},
+         static_cast<int64_t>(s.num_kv_heads * head_bytes));
+      return;
+    }
+  }
+}
+
 // The online softmax of one query position for query heads [hb, he) (row g: q + g * d,
 // o + g * d, m[g], l[g]) over the visible positions [kv_begin, kv_end), reading K and V rows of KV
-// head `kv_head` where they lie in the pools (elements of type T). Tiles outermost, so a
-// tile's K/V rows serve every head while they are in L1. Each head's operations are those of
-// the tiled loop in run_task_impl, in the same order, so the two agree bit for bit. slots
-// has room for kv_tile + kPrefetchRows entries.
-template <class T>
-inline void attend_heads(const AttentionShape& s, const AttentionBatch& batch,
-                         const AttentionSequence& seq, int32_t kv_head, const float* q, float* o,
-                         float* m, double* l, float* srow, int64_t* slots, int32_t hb,
+// head `kv_head` where they lie in the pools. Tiles outermost, so a tile's K/V rows serve every
+// head while they are in L1. Each head's operations are those of the tiled loop in
+// run_task_impl, in the same order, so the two agree bit for bit. slots has room for kv_tile +
+// kPrefetchRows entries.
+template <class Pool>
+inline void attend_heads(const AttentionShape& s, const AttentionSequence& seq, const Pool& k_pool,
+                         const Pool& v_pool, int64_t slot_stride, int32_t kv_head, const float* q,
+                         float* o, float* m, double* l, float* srow, int64_t* slots, int32_t hb,
                          int32_t he, int32_t kv_tile, int32_t kv_begin, int32_t kv_end) {
   const int32_t d = s.head_dim;
-  const T* k_pool = static_cast<const T*>(batch.k_pool) + static_cast<int64_t>(kv_head) * d;
-  const T* v_pool = static_cast<const T*>(batch.v_pool) + static_cast<int64_t>(kv_head) * d;
   for (int32_t j0 = kv_begin; j0 < kv_end; j0 += kv_tile) {
     const int32_t cols = std::min(j0 + kv_tile, kv_end) - j0;
     const int32_t ahead = std::min(j0 + cols + kPrefetchRows, kv_end) - j0;
-    tile_slots(s, seq, j0, j0 + ahead, slots);
+    tile_slots(s, seq, j0, j0 + ahead, slot_stride, slots);
     // Decode reads each K/V row once per token, and the weights streamed since the last
     // token have usually pushed them out of cache: ask for this tile's K and V rows (V is used
     // right after the scores) and the next tile's K before the dots run.
     for (int32_t c = 0; c < cols; ++c) {
-      prefetch_row(k_pool + slots[c], d);
-      prefetch_row(v_pool + slots[c], d);
+      k_pool.prefetch(slots[c], kv_head, 1);
+      v_pool.prefetch(slots[c], kv_head, 1);
     }
-    for (int32_t c = cols; c < ahead; ++c) prefetch_row(k_pool + slots[c], d);
+    for (int32_t c = cols; c < ahead; ++c) k_pool.prefetch(slots[c], kv_head, 1);
     // All heads of the range against this tile at once: one K/V read serves them all.
-    tile_step_group(q + static_cast<size_t>(hb) * d, [&](int32_t c) { return k_pool + slots[c]; },
-                    [&](int32_t c) { return v_pool + slots[c]; }, cols, d, s.scale, srow,
+    tile_step_group(q + static_cast<size_t>(hb) * d, [&](int32_t c) { return k_pool.at(slots[c], kv_head); },
+                    [&](int32_t c) { return v_pool.at(slots[c], kv_head); }, cols, d, s.scale, srow,
                     o + static_cast<size_t>(hb) * d, m + hb, l + hb, he - hb);
   }
 }
@@ -539,10 +632,10 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   // Like the naive kernel (and llama.cpp): with an f16 K cache Q is rounded to f16 before it
   // meets K. The probabilities stay f32 here since they are only final at the end.
   const bool half = s.k_dtype == KvDtype::kF16;
-  // f32 and f16 pools with one dtype are read where they lie in decode; Q8_0 or mixed pools
-  // are widened a tile at a time (exactly, so the bits are those of an f32 pool holding the
-  // same values: every path goes through tile_step_group).
-  const bool in_place = s.k_dtype == s.v_dtype && s.k_dtype != KvDtype::kQ8_0;
+  // Pools with one dtype are read where they lie in decode; mixed pools are widened a tile at
+  // a time (exactly, so the bits are those of an f32 pool holding the same values: every path
+  // goes through tile_step_group, and Q8Row widens with the same multiply).
+  const bool in_place = s.k_dtype == s.v_dtype;
   if (task.kv_head_end > task.kv_head + 1) {
     const int32_t kv_end = seq.context_len;  // one query position: the whole context
     const int32_t kv_begin = attention_window_begin(s, kv_end - 1);  // or its window
@@ -557,25 +650,20 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
     std::fill(o_tile, o_tile + rows_all * d, 0.0f);
     std::fill(m, m + rows_all, -std::numeric_limits<float>::infinity());
     std::fill(l, l + rows_all, 0.0);
-    const auto run = [&](auto element) {
-      using T = decltype(element);
+    const auto run = [&](const auto& k_pool, const auto& v_pool, int64_t slot_stride) {
       const int32_t kv_heads = task.kv_head_end - task.kv_head;
       for (int32_t j0 = kv_begin; j0 < kv_end; j0 += lay.kv_tile) {
         const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
-        tile_slots(s, seq, j0, j1, slots);
-        const T* k_pool = static_cast<const T*>(batch.k_pool);
-        const T* v_pool = static_cast<const T*>(batch.v_pool);
+        tile_slots(s, seq, j0, j1, slot_stride, slots);
         for (int32_t c = 0; c < j1 - j0; ++c) {
-          prefetch_row(k_pool + slots[c] + static_cast<int64_t>(task.kv_head) * d, kv_heads * d);
-          prefetch_row(v_pool + slots[c] + static_cast<int64_t>(task.kv_head) * d, kv_heads * d);
+          k_pool.prefetch(slots[c], task.kv_head, kv_heads);
+          v_pool.prefetch(slots[c], task.kv_head, kv_heads);
         }
         for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
-          const T* k_head = k_pool + static_cast<int64_t>(kv) * d;
-          const T* v_head = v_pool + static_cast<int64_t>(kv) * d;
           const size_t base = static_cast<size_t>(kv) * group;
           // One tile [j0, j1) of attend_heads for this KV head's query heads: same operations.
-          tile_step_group(q_tile + base * d, [&](int32_t c) { return k_head + slots[c]; },
-                          [&](int32_t c) { return v_head + slots[c]; }, j1 - j0, d, s.scale,
+          tile_step_group(q_tile + base * d, [&](int32_t c) { return k_pool.at(slots[c], kv); },
+                          [&](int32_t c) { return v_pool.at(slots[c], kv); }, j1 - j0, d, s.scale,
                           srow, o_tile + base * d, m + base, l + base, group);
         }
       }
@@ -593,10 +681,8 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
               s.scale, srow, o_tile + base * d, m + base, l + base, group);
         }
       }
-    } else if (half) {
-      run(uint16_t{});
     } else {
-      run(float{});
+      with_pools(s, batch, run);
     }
     for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
       float* dst = batch.out + seq.query_start * q_stride + static_cast<int64_t>(kv) * group * d;
@@ -627,17 +713,11 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   const int32_t kv_begin = window_begin(0);
   if (num_q == 1 && in_place) {
     // One query position (decode): nothing would reuse a widened tile, so K and V are read
-    // where they lie in the pool, f16 rows widened in registers.
-    const auto run = [&](auto element) {
-      using T = decltype(element);
-      attend_heads<T>(s, batch, seq, task.kv_head, q_tile, o_tile, m, l, srow, slots, hb, he,
-                      lay.kv_tile, kv_begin, kv_end);
-    };
-    if (half) {
-      run(uint16_t{});
-    } else {
-      run(float{});
-    }
+    // where they lie in the pool, f16 and Q8_0 rows widened in registers.
+    with_pools(s, batch, [&](const auto& k_pool, const auto& v_pool, int64_t slot_stride) {
+      attend_heads(s, seq, k_pool, v_pool, slot_stride, task.kv_head, q_tile, o_tile, m, l, srow,
+                   slots, hb, he, lay.kv_tile, kv_begin, kv_end);
+    });
   } else {
     for (int32_t j0 = kv_begin; j0 < kv_end; j0 += lay.kv_tile) {
       const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);

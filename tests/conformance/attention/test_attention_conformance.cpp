@@ -407,8 +407,8 @@ TEST_CASE("attention plugins: K and V in different dtypes (q8_0 K with f16 V, f1
 TEST_CASE("attention plugins: a q8_0 pool gives the bits of an f32 pool holding its values") {
   // Widening Q8_0 is exact (d * q needs 18 significand bits) and Q stays f32 against it, so a
   // kernel must compute over a q8_0 pool exactly what it computes over the dequantized
-  // values stored as f32, on every path (flash reads f32 decode rows in place but widens q8_0
-  // tiles).
+  // values stored as f32, on every path (flash widens q8_0 rows in registers in decode and
+  // into a tile for prompt rows).
   ThreadPool pool(2);
   std::mt19937 rng(31337);
   for (const KernelCase& c : kernel_cases()) {
