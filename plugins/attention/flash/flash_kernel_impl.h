@@ -634,8 +634,14 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   const bool half = s.k_dtype == KvDtype::kF16;
   // Pools with one dtype are read where they lie in decode; mixed pools are widened a tile at
   // a time (exactly, so the bits are those of an f32 pool holding the same values: every path
-  // goes through tile_step_group, and Q8Row widens with the same multiply).
+  // goes through tile_step_group, and Q8Row widens with the same multiply). The portable build
+  // widens q8_0 by tiles too: its Q8Row converts the block scale in software for every element
+  // read, where a tile converts it once per 32.
+#if TESSERA_FLASH_AVX2
   const bool in_place = s.k_dtype == s.v_dtype;
+#else
+  const bool in_place = s.k_dtype == s.v_dtype && s.k_dtype != KvDtype::kQ8_0;
+#endif
   if (task.kv_head_end > task.kv_head + 1) {
     const int32_t kv_end = seq.context_len;  // one query position: the whole context
     const int32_t kv_begin = attention_window_begin(s, kv_end - 1);  // or its window
