@@ -355,11 +355,13 @@ inline void prefetch_bytes(const void* row, size_t bytes) {
 }
 
 // One K or V pool as the in-place decode loops read it: at(slot, h) is KV head h's row at a
-// tile_slots() entry, prefetch() asks for `heads` consecutive heads' rows from there.
+// tile_slots() entry, prefetch() asks for `heads` consecutive heads' rows from there;
+// slot_stride is one position's rows of all KV heads in the pool's units (tile_slots()).
 template <class T>
 struct FloatPool {  // f32 or f16 elements
   const T* base;
   int32_t head_dim;
+  int64_t slot_stride;  // elements
   const T* at(int64_t slot, int32_t kv_head) const {
     return base + slot + static_cast<int64_t>(kv_head) * head_dim;
   }
@@ -370,6 +372,7 @@ struct FloatPool {  // f32 or f16 elements
 struct Q8Pool {
   const uint8_t* base;
   size_t head_bytes;  // one head's row: head_dim / 32 blocks
+  int64_t slot_stride;  // bytes
   Q8Row at(int64_t slot, int32_t kv_head) const {
     return {reinterpret_cast<const KvBlockQ8_0*>(base + slot + kv_head * head_bytes), 0};
   }
@@ -551,28 +554,25 @@ inline void tile_step_group(const float* q, KAt k_at, VAt v_at, int32_t cols, in
                       o + static_cast<size_t>(g) * d, m + g, l + g);
 }
 
-// Calls fn(k_pool, v_pool, slot_stride) with the batch's K and V pools as FloatPool<float>,
-// FloatPool<uint16_t> or Q8Pool (K and V of one dtype: the in-place decode paths), and the
-// stride tile_slots() needs for them.
+// Calls fn(k_pool, v_pool) with the batch's K and V pools as FloatPool<float>,
+// FloatPool<uint16_t> or Q8Pool (K and V of one dtype: the in-place decode paths).
 template <class Fn>
 inline void with_pools(const AttentionShape& s, const AttentionBatch& batch, Fn&& fn) {
   const int32_t d = s.head_dim;
+  const auto floats = [&](auto element) {
+    using T = decltype(element);
+    const int64_t stride = static_cast<int64_t>(s.num_kv_heads) * d;
+    fn(FloatPool<T>{static_cast<const T*>(batch.k_pool), d, stride},
+       FloatPool<T>{static_cast<const T*>(batch.v_pool), d, stride});
+  };
   switch (s.k_dtype) {
-    case KvDtype::kF32:
-      fn(FloatPool<float>{static_cast<const float*>(batch.k_pool), d},
-         FloatPool<float>{static_cast<const float*>(batch.v_pool), d},
-         static_cast<int64_t>(s.num_kv_heads) * d);
-      return;
-    case KvDtype::kF16:
-      fn(FloatPool<uint16_t>{static_cast<const uint16_t*>(batch.k_pool), d},
-         FloatPool<uint16_t>{static_cast<const uint16_t*>(batch.v_pool), d},
-         static_cast<int64_t>(s.num_kv_heads) * d);
-      return;
+    case KvDtype::kF32: floats(float{}); return;
+    case KvDtype::kF16: floats(uint16_t{}); return;
     case KvDtype::kQ8_0: {
       const size_t head_bytes = kv_row_bytes(KvDtype::kQ8_0, d);
-      fn(Q8Pool{static_cast<const uint8_t*>(batch.k_pool), head_bytes},
-         Q8Pool{static_cast<const uint8_t*>(batch.v_pool), head_bytes},
-         static_cast<int64_t>(s.num_kv_heads * head_bytes));
+      const auto stride = static_cast<int64_t>(s.num_kv_heads * head_bytes);
+      fn(Q8Pool{static_cast<const uint8_t*>(batch.k_pool), head_bytes, stride},
+         Q8Pool{static_cast<const uint8_t*>(batch.v_pool), head_bytes, stride});
       return;
     }
   }
@@ -586,14 +586,14 @@ inline void with_pools(const AttentionShape& s, const AttentionBatch& batch, Fn&
 // kPrefetchRows entries.
 template <class Pool>
 inline void attend_heads(const AttentionShape& s, const AttentionSequence& seq, const Pool& k_pool,
-                         const Pool& v_pool, int64_t slot_stride, int32_t kv_head, const float* q,
+                         const Pool& v_pool, int32_t kv_head, const float* q,
                          float* o, float* m, double* l, float* srow, int64_t* slots, int32_t hb,
                          int32_t he, int32_t kv_tile, int32_t kv_begin, int32_t kv_end) {
   const int32_t d = s.head_dim;
   for (int32_t j0 = kv_begin; j0 < kv_end; j0 += kv_tile) {
     const int32_t cols = std::min(j0 + kv_tile, kv_end) - j0;
     const int32_t ahead = std::min(j0 + cols + kPrefetchRows, kv_end) - j0;
-    tile_slots(s, seq, j0, j0 + ahead, slot_stride, slots);
+    tile_slots(s, seq, j0, j0 + ahead, k_pool.slot_stride, slots);
     // Decode reads each K/V row once per token, and the weights streamed since the last
     // token have usually pushed them out of cache: ask for this tile's K and V rows (V is used
     // right after the scores) and the next tile's K before the dots run.
@@ -656,11 +656,11 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
     std::fill(o_tile, o_tile + rows_all * d, 0.0f);
     std::fill(m, m + rows_all, -std::numeric_limits<float>::infinity());
     std::fill(l, l + rows_all, 0.0);
-    const auto run = [&](const auto& k_pool, const auto& v_pool, int64_t slot_stride) {
+    const auto run = [&](const auto& k_pool, const auto& v_pool) {
       const int32_t kv_heads = task.kv_head_end - task.kv_head;
       for (int32_t j0 = kv_begin; j0 < kv_end; j0 += lay.kv_tile) {
         const int32_t j1 = std::min(j0 + lay.kv_tile, kv_end);
-        tile_slots(s, seq, j0, j1, slot_stride, slots);
+        tile_slots(s, seq, j0, j1, k_pool.slot_stride, slots);
         for (int32_t c = 0; c < j1 - j0; ++c) {
           k_pool.prefetch(slots[c], task.kv_head, kv_heads);
           v_pool.prefetch(slots[c], task.kv_head, kv_heads);
@@ -720,8 +720,8 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
   if (num_q == 1 && in_place) {
     // One query position (decode): nothing would reuse a widened tile, so K and V are read
     // where they lie in the pool, f16 and Q8_0 rows widened in registers.
-    with_pools(s, batch, [&](const auto& k_pool, const auto& v_pool, int64_t slot_stride) {
-      attend_heads(s, seq, k_pool, v_pool, slot_stride, task.kv_head, q_tile, o_tile, m, l, srow,
+    with_pools(s, batch, [&](const auto& k_pool, const auto& v_pool) {
+      attend_heads(s, seq, k_pool, v_pool, task.kv_head, q_tile, o_tile, m, l, srow,
                    slots, hb, he, lay.kv_tile, kv_begin, kv_end);
     });
   } else {
