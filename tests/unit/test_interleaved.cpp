@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <initializer_list>
 #include <vector>
 
 #include "tessera/ggml_types.h"
@@ -290,14 +291,17 @@ TEST_CASE("interleaved matmul, each type: within float rounding of ggml's vec_do
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-TEST_CASE("interleaved matmul, each type: the AVX-VNNI kernels equal the AVX2 ones bit for bit") {
-  if (!tessera::cpu_has_avx2() || !tessera::cpu_has_avx_vnni()) {
-    MESSAGE("CPU lacks AVX-VNNI (or TESSERA_NO_AVX_VNNI is set): only the AVX2 kernels run here");
-    return;
-  }
+namespace {
+
+using X8Kernels = void (*)(int, int64_t, const void*, int64_t, const uint8_t*, size_t, int64_t,
+                           float*, int64_t);
+
+// Every interleaved type at each size: `kernels` gives the AVX2 build's bits.
+void check_same_bits_as_avx2(X8Kernels kernels, std::initializer_list<int64_t> row_counts,
+                             std::initializer_list<int64_t> token_counts) {
   for (GgmlType type : kInterleavedTypes) {
-    for (int64_t rows : {5, 8, 24}) {
-      for (int64_t tokens : {1, 3, 4, 7}) {
+    for (int64_t rows : row_counts) {
+      for (int64_t tokens : token_counts) {
         CAPTURE(tessera::ggml_type_name(type));
         CAPTURE(rows);
         CAPTURE(tokens);
@@ -308,13 +312,34 @@ TEST_CASE("interleaved matmul, each type: the AVX-VNNI kernels equal the AVX2 on
         std::vector<float> a(static_cast<size_t>(rows * tokens), -1.0f), b(a);
         tessera::kernels::matmul_x8_avx2(static_cast<int>(type), nb, c.packed.data(), rows,
                                          c.x.data(), c.x_row_bytes, tokens, a.data(), rows);
-        tessera::kernels::matmul_x8_avxvnni(static_cast<int>(type), nb, c.packed.data(), rows,
-                                            c.x.data(), c.x_row_bytes, tokens, b.data(), rows);
+        kernels(static_cast<int>(type), nb, c.packed.data(), rows, c.x.data(), c.x_row_bytes,
+                tokens, b.data(), rows);
         bool equal = true;
         for (size_t i = 0; i < a.size(); ++i) equal = equal && same_bits(a[i], b[i]);
         CHECK(equal);
       }
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("interleaved matmul, each type: the AVX-VNNI kernels equal the AVX2 ones bit for bit") {
+  if (!tessera::cpu_has_avx2() || !tessera::cpu_has_avx_vnni()) {
+    MESSAGE("CPU lacks AVX-VNNI (or TESSERA_NO_AVX_VNNI is set): only the AVX2 kernels run here");
+    return;
+  }
+  check_same_bits_as_avx2(&tessera::kernels::matmul_x8_avxvnni, {5, 8, 24}, {1, 3, 4, 7});
+}
+
+TEST_CASE("interleaved matmul, each type: the AVX-512 kernels equal the AVX2 ones bit for bit") {
+  if (!tessera::kernels::cpu_has_avx512_vnni()) {
+    MESSAGE("CPU lacks AVX512-VNNI (or TESSERA_NO_AVX512 is set): the 256-bit kernels run here");
+    return;
+  }
+  // 16-row passes over pairs of groups, a trailing group of 8 or fewer rows (the 256-bit
+  // kernels), and token counts across the 4- and 8-row passes.
+  check_same_bits_as_avx2(&tessera::kernels::matmul_x8_avx512, {5, 8, 16, 24, 40, 64},
+                          {1, 3, 4, 7, 8, 9, 17});
 }
 #endif  // x86

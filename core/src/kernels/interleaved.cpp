@@ -533,6 +533,23 @@ bool cpu_has_avx_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
 namespace kernels {
 
+bool cpu_has_avx512_vnni() {
+  static const bool supported = [] {
+    if (!cpu_has_avx2() || std::getenv("TESSERA_NO_AVX512") != nullptr) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool f = (ebx & (1u << 16)) != 0, bw = (ebx & (1u << 30)) != 0,
+               vl = (ebx & (1u << 31)) != 0, vnni = (ecx & (1u << 11)) != 0;
+    if (!(f && bw && vl && vnni)) return false;
+    // The OS must save the opmask and all 512-bit register state (XCR0 bits 5, 6, 7) besides
+    // SSE and AVX (bits 1, 2); cpu_has_avx2() has checked that OSXSAVE is set.
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xE6u) == 0xE6u;
+  }();
+  return supported;
+}
+
 // One instruction set's interleaved kernels (the AVX2 or AVX-VNNI build of
 // interleaved_x86.inl), called through the same switch.
 #define TESSERA_X8_KERNELS(suffix)                                                          \
@@ -583,6 +600,8 @@ void matmul_interleaved(GgmlType type, const void* packed, int64_t cols, int64_t
     const int64_t nb = cols / block_elements(type);
     const auto* xb = static_cast<const uint8_t*>(x);
     const int id = static_cast<int>(type);
+    if (x_rows >= kernels::kAvx512MinTokens && kernels::cpu_has_avx512_vnni())
+      return kernels::matmul_x8_avx512(id, nb, packed, w_rows, xb, x_stride, x_rows, y, y_stride);
     if (cpu_has_avx_vnni())
       return kernels::matmul_x8_avxvnni(id, nb, packed, w_rows, xb, x_stride, x_rows, y, y_stride);
     return kernels::matmul_x8_avx2(id, nb, packed, w_rows, xb, x_stride, x_rows, y, y_stride);

@@ -269,6 +269,19 @@ void matmul_x8_avxvnni(int type_id, int64_t nb, const void* packed, int64_t w_ro
                        const uint8_t* x, size_t x_stride, int64_t x_rows, float* y,
                        int64_t y_stride);
 
-// tessera::cpu_has_avx_vnni() (SDK ggml_types.h) chooses between the two builds.
+// The same on 512-bit vectors with AVX512-VNNI (interleaved_avx512.cpp): two groups per pass,
+// bit-identical to the two above. Only call after cpu_has_avx512_vnni().
+void matmul_x8_avx512(int type_id, int64_t nb, const void* packed, int64_t w_rows,
+                      const uint8_t* x, size_t x_stride, int64_t x_rows, float* y,
+                      int64_t y_stride);
+// True when cpu_has_avx2() and the CPU and OS have AVX-512 F/BW/VL and AVX512-VNNI, unless the
+// environment sets TESSERA_NO_AVX512 (to compare the builds).
+bool cpu_has_avx512_vnni();
+// Activation rows from which matmul_interleaved takes the 512-bit kernels.
+// (At one row, batch-1 decode, they measured no faster: the 256-bit ones stay.)
+inline constexpr int64_t kAvx512MinTokens = 2;
+
+// tessera::cpu_has_avx_vnni() (SDK ggml_types.h) chooses between the two 256-bit builds, and
+// cpu_has_avx512_vnni() whether the 512-bit one runs instead.
 
 }  // namespace tessera::kernels
