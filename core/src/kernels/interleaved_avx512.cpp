@@ -345,10 +345,7 @@ inline int32_t block_sum(const int8_t* qs) {
   return _mm_cvtsi128_si32(s);
 }
 
-// The 256-bit kernel of the same format, for a trailing group.
-using X8Fn = void (*)(int64_t, const void*, int64_t, const uint8_t*, size_t, int64_t, float*,
-                      int64_t);
-
+// A trailing group of fewer than 16 rows goes to the 256-bit kernels (same bits).
 template <class F>
 void matmul_x16(int64_t nb, const typename F::Block* w, int64_t w_rows, const uint8_t* x,
                 size_t x_stride, int64_t x_rows, float* y, int64_t y_stride, int type_id) {

@@ -278,7 +278,7 @@ void matmul_x8_avx512(int type_id, int64_t nb, const void* packed, int64_t w_row
 // environment sets TESSERA_NO_AVX512 (to compare the builds).
 bool cpu_has_avx512_vnni();
 // Activation rows from which matmul_interleaved takes the 512-bit kernels.
-// (At one row, batch-1 decode, they measured no faster: the 256-bit ones stay.)
+// (At one row, batch-1 decode, they measured ~4 % slower: the 256-bit ones stay.)
 inline constexpr int64_t kAvx512MinTokens = 2;
 
 // tessera::cpu_has_avx_vnni() (SDK ggml_types.h) chooses between the two 256-bit builds, and
