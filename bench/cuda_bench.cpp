@@ -345,6 +345,146 @@ int dump_kernels(const std::string& dir) {
   return 0;
 }
 
+// Mean time of `fn` (enqueued on `stream`) over `reps` runs after a warm-up, by CUDA events.
+template <class Fn>
+double time_us(cudaStream_t stream, int reps, Fn fn) {
+  fn();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a, stream);
+  for (int i = 0; i < reps; ++i) fn();
+  cudaEventRecord(b, stream);
+  tc::check(cudaEventSynchronize(b), "micro timing");
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 1e3 * ms / reps;
+}
+
+// Each kernel of a batch-1 decode step on its own (layer 0's weights, back-to-back launches
+// of one kernel, so each time includes its launch but not a graph's dependency gaps): where a
+// step's time goes. Writes a JSON object; prints a table.
+std::string micro_kernels(const tc::DeviceModel& m, const tc::ModelShape& s, double bw_gbps, cudaStream_t stream) {
+  const int reps = 50;
+  const auto& l = m.layers[0];
+  const int64_t d = s.embedding_dim, ffn = s.ffn_dim, qd = int64_t(s.num_heads) * s.head_dim,
+                kvd = int64_t(s.num_kv_heads) * s.head_dim;
+  const int64_t widest = std::max({d, ffn, qd, int64_t(s.vocab_size)});
+  float *x = nullptr, *y = nullptr, *y2 = nullptr, *y3 = nullptr;
+  for (float** p : {&x, &y, &y2, &y3}) {
+    tc::check(cudaMalloc(reinterpret_cast<void**>(p), sizeof(float) * widest * 8), "cudaMalloc (micro)");
+    tc::fill_random(*p, tc::kF32, widest * 8, 1.0f, 5, stream);
+  }
+  std::ostringstream js;
+  bool first = true;
+  auto report = [&](const std::string& name, double us, double bytes) {
+    const double gbps = bytes > 0 ? bytes / (us * 1e-6) / 1e9 : 0;
+    std::printf("  %-34s %8.1f us", name.c_str(), us);
+    if (bytes > 0) std::printf("  %7.0f GB/s (%4.1f%% of probe)", gbps, 100 * gbps / bw_gbps);
+    std::printf("\n");
+    js << (first ? "" : ",") << "\"" << name << "\":{\"us\":" << us << ",\"gbps\":" << gbps << "}";
+    first = false;
+  };
+  auto mbytes = [](const tc::DeviceMatrix& w) { return double(tc::format_row_bytes(w.format, w.cols)) * w.rows; };
+  std::printf("batch-1 kernels alone (layer 0, %d reps each):\n", reps);
+  double unfused = 0, fused = 0;
+  for (const auto* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &m.output}) {
+    const char* name = w == &l.wq ? "gemv q" : w == &l.wk ? "gemv k" : w == &l.wv ? "gemv v" : w == &l.wo ? "gemv o"
+                       : w == &l.w_gate ? "gemv gate" : w == &l.w_up ? "gemv up" : w == &l.w_down ? "gemv down"
+                                                                                                 : "gemv output";
+    const double us = time_us(stream, reps, [&] { tc::gemv(w->format, w->data, w->rows, w->cols, x, 1, y, stream); });
+    report(name, us, mbytes(*w));
+    if (w != &m.output) unfused += us;
+  }
+  for (int nt : {2, 4, 8}) {
+    const double us = time_us(stream, reps, [&] {
+      tc::gemv(l.w_gate.format, l.w_gate.data, l.w_gate.rows, l.w_gate.cols, x, nt, y, stream);
+    });
+    report("gemv gate, " + std::to_string(nt) + " tokens", us, mbytes(l.w_gate));
+  }
+  {
+    const tc::GemvTarget qkv[3] = {{l.wq.data, l.wq.rows, y, nullptr}, {l.wk.data, l.wk.rows, y2, nullptr},
+                                   {l.wv.data, l.wv.rows, y3, nullptr}};
+    const double us = time_us(stream, reps, [&] { tc::gemv_multi(l.wq.format, qkv, 3, d, x, 1, stream); });
+    report("fused q/k/v", us, mbytes(l.wq) + mbytes(l.wk) + mbytes(l.wv));
+    fused += us;
+    const tc::GemvTarget o{l.wo.data, l.wo.rows, y2, y2};
+    const double uo = time_us(stream, reps, [&] { tc::gemv_multi(l.wo.format, &o, 1, qd, x, 1, stream); });
+    report("fused o + residual", uo, mbytes(l.wo));
+    fused += uo;
+    const double ug = time_us(stream, reps, [&] {
+      tc::gemv_swiglu(l.w_gate.format, l.w_gate.data, l.w_up.data, ffn, d, x, 1, y, stream);
+    });
+    report("fused gate/up + silu", ug, mbytes(l.w_gate) + mbytes(l.w_up));
+    fused += ug;
+    const tc::GemvTarget dn{l.w_down.data, l.w_down.rows, y2, y2};
+    const double ud = time_us(stream, reps, [&] { tc::gemv_multi(l.w_down.format, &dn, 1, ffn, x, 1, stream); });
+    report("fused down + residual", ud, mbytes(l.w_down));
+    fused += ud;
+  }
+  const double rms = time_us(stream, reps, [&] { tc::rms_norm(y, x, l.attn_norm, 1, d, s.rms_eps, stream); });
+  report("rms_norm", rms, 0);
+  const double add = time_us(stream, reps, [&] { tc::add(y, x, d, stream); });
+  report("add", add, 0);
+  const double silu = time_us(stream, reps, [&] { tc::silu_mul(y, x, ffn, stream); });
+  report("silu_mul", silu, 0);
+  int32_t* ints = nullptr;
+  tc::check(cudaMalloc(reinterpret_cast<void**>(&ints), 4096), "cudaMalloc (micro)");
+  tc::check(cudaMemset(ints, 0, 4096), "cudaMemset");
+  void* pool = nullptr;
+  const size_t pool_bytes = size_t(64) * 16 * kvd * 2;
+  tc::check(cudaMalloc(&pool, 2 * pool_bytes), "cudaMalloc (micro pool)");
+  tc::check(cudaMemset(pool, 0, 2 * pool_bytes), "cudaMemset");
+  void* vpool = static_cast<uint8_t*>(pool) + pool_bytes;
+  const double rope2 = time_us(stream, reps, [&] {
+    tc::rope(y, ints, 1, s.num_heads, s.head_dim, s.rope.rotary_dim, s.rope.freq_base, 1.0f, false, stream);
+    tc::rope(y2, ints, 1, s.num_kv_heads, s.head_dim, s.rope.rotary_dim, s.rope.freq_base, 1.0f, false, stream);
+    tc::store_kv(pool, true, y2, ints, 1, kvd, stream);
+    tc::store_kv(vpool, true, y3, ints, 1, kvd, stream);
+  });
+  report("rope q, rope k, store k, store v", rope2, 0);
+  const double rsk = time_us(stream, reps, [&] {
+    tc::rope_store_kv(y, y2, y3, ints, ints, 1, s.num_heads, s.num_kv_heads, s.head_dim, s.rope.rotary_dim,
+                      s.rope.freq_base, 1.0f, false, pool, vpool, true, stream);
+  });
+  report("rope_store_kv", rsk, 0);
+  // Decode attention of one sequence over 160 tokens (the benchmark's context).
+  {
+    std::vector<int32_t> table(10);
+    for (int i = 0; i < 10; ++i) table[i] = i;
+    int32_t* dt = to_device(table);
+    std::vector<tc::AttnSeq> seq = {{0, 1, 160, 0, dt}};
+    tc::AttnSeq* dseq = to_device(seq);
+    const tc::AttnShape sh{s.num_heads, s.num_kv_heads, s.head_dim, 0.088f, 16, true};
+    const int splits = tc::choose_decode_splits(sh, 1, 2048, 132);
+    void* scratch = nullptr;
+    tc::check(cudaMalloc(&scratch, tc::decode_scratch_bytes(sh, 1, splits)), "cudaMalloc (micro)");
+    const double att = time_us(stream, reps, [&] {
+      tc::attention_decode(sh, dseq, 1, splits, y, pool, vpool, y2, scratch, stream);
+    });
+    report("attention_decode (context 160, " + std::to_string(splits) + " splits)", att, 0);
+    unfused += att;
+    fused += att;
+    cudaFree(scratch);
+  }
+  std::vector<tc::SampleParams> prm(1);
+  tc::SampleParams* dprm = to_device(prm);
+  const double samp = time_us(stream, reps, [&] { tc::sample_rows(y, 1, s.vocab_size, dprm, ints, stream); });
+  report("sample_rows (greedy, 1 row)", samp, 0);
+  // Per-step sums of the layer kernels (x num_layers), unfused and fused.
+  unfused = s.num_layers * (unfused + 2 * rms + 2 * add + silu + rope2);
+  fused = s.num_layers * (fused + 2 * rms + rsk);
+  std::printf("  sum over %d layers: unfused %.0f us, fused %.0f us (kernels alone, no graph gaps)\n",
+              s.num_layers, unfused, fused);
+  js << ",\"layers_sum_unfused_us\":" << unfused << ",\"layers_sum_fused_us\":" << fused;
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(y2), static_cast<void*>(y3),
+                  static_cast<void*>(ints), pool})
+    cudaFree(p);
+  return "{" + js.str() + "}";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -444,6 +584,54 @@ int main(int argc, char** argv) {
                  << ",\"end_to_end_tok_s\":" << e2e << "}";
     }
 
+    // Where a batch-1 step goes, kernel by kernel.
+    const std::string micro_json = micro_kernels(*model, shape, bw, stream);
+
+    // A/B of the small-batch decode paths, side by side: the unfused GEMVs (kernels 1.3's
+    // step), the fused ones, and the GEMV/cuBLAS crossover (gemv_max_tokens).
+    std::ostringstream ab_json;
+    {
+      struct Variant { const char* name; bool fused; int gemv_max; bool pdl; };
+      const Variant variants[] = {{"unfused, gemv<=8", false, 8, false}, {"fused, gemv<=8", true, 8, false},
+                                  {"fused, gemv<=1", true, 1, false},    {"fused, auto", true, -1, false},
+                                  {"fused, auto, PDL", true, -1, true}};
+      const int ab_batches[] = {1, 2, 4, 8, 16};
+      const int ab_seqs = 16;
+      tessera::KvLayout ab_layout{block_size, ab_seqs * decode_blocks, tessera::KvDtype::kF16, tessera::KvDtype::kF16};
+      std::printf("decode step (ms) by path and batch:\n  %-18s", "path");
+      for (int n : ab_batches) std::printf(" %8d", n);
+      std::printf("\n");
+      bool first_variant = true;
+      for (const Variant& v : variants) {
+        tc::RunnerOptions o;
+        o.fused_gemv = v.fused;
+        o.gemv_max_tokens = v.gemv_max;
+        o.programmatic_launch = v.pdl;
+        o.graph_max_batch = ab_seqs;
+        tc::CudaRunner r(model, ab_layout, ab_seqs * a.prompt, decode_len, o, 0);
+        std::printf("  %-18s", v.name);
+        bool wrote = false;
+        try {
+        ab_json << (first_variant ? "" : ",") << "{\"path\":\"" << v.name << "\",\"step_ms\":{";
+        first_variant = false;
+        for (size_t k = 0; k < sizeof(ab_batches) / sizeof(ab_batches[0]); ++k) {
+          const int n = ab_batches[k];
+          Batch b = make_batch(n, a.prompt, decode_len, block_size, shape.vocab_size, 7 + n);
+          prefill(r, b, ab_seqs * a.prompt);
+          const double step_ms = decode(r, b, a.steps) / a.steps * 1e3;
+          std::printf(" %8.2f", step_ms);
+          ab_json << (k ? "," : "") << "\"" << n << "\":" << step_ms;
+          wrote = true;
+        }
+        } catch (const std::exception& e) {
+          std::printf(" failed: %s", e.what());
+          ab_json << (wrote ? "," : "") << "\"error\":1";
+        }
+        ab_json << "}}";
+        std::printf("\n");
+      }
+    }
+
     // One 2048-token prompt, prefilled as one chunk (twice; the second is reported).
     double prefill_s = 0;
     for (int rep = 0; rep < 2; ++rep) {
@@ -473,7 +661,8 @@ int main(int argc, char** argv) {
       << ",\"prefill_len\":" << a.prefill_len << ",\"prefill_ms\":" << prefill_s * 1e3
       << ",\"prefill_tok_s\":" << prefill_tps << ",\"compute_bound_batch\":" << compute_bound_batch
       << ",\"ridge_batch_theory\":" << ridge << ",\"graphs_captured\":" << runner.num_captured_graphs()
-      << ",\"sweep\":[" << sweep_json.str() << "]}\n";
+      << ",\"sweep\":[" << sweep_json.str() << "],\"micro_b1\":" << micro_json << ",\"decode_ab\":["
+      << ab_json.str() << "]}\n";
     std::printf("wrote %s\n", a.out.c_str());
     cudaStreamDestroy(stream);
   } catch (const std::exception& e) {

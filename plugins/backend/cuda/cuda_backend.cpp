@@ -128,10 +128,12 @@ class CudaBackend final : public Backend, public ForwardRunnerProvider {
       return invalid_argument("backend cuda: device " + std::to_string(device) + " does not exist (" +
                               std::to_string(count) + " present)");
     cuda::RunnerOptions options;
-    options.gemv_max_tokens = static_cast<int32_t>(config.get_int("gemv_max_tokens", 8));
+    options.gemv_max_tokens = static_cast<int32_t>(config.get_int("gemv_max_tokens", -1));
     options.cuda_graphs = config.get_bool("cuda_graphs", true);
     options.graph_max_batch = static_cast<int32_t>(config.get_int("graph_max_batch", 256));
     options.decode_splits = static_cast<int32_t>(config.get_int("decode_splits", 0));
+    options.fused_gemv = config.get_bool("fused_gemv", true);
+    options.programmatic_launch = config.get_bool("programmatic_launch", false);
     *out = std::make_unique<CudaBackend>(device, options);
     return Status::ok();
   }
@@ -146,14 +148,20 @@ class CudaBackend final : public Backend, public ForwardRunnerProvider {
 
 const ParamSpec kParams[] = {
     {"device", ParamType::kInt, "0", "CUDA device ordinal", 0, 1024},
-    {"gemv_max_tokens", ParamType::kInt, "8",
-     "matmuls over at most this many token rows use the weight-only GEMV kernels; more rows use cuBLAS", 0,
-     1 << 20},
+    {"gemv_max_tokens", ParamType::kInt, "-1",
+     "matmuls over at most this many token rows use the weight-only GEMV kernels, more rows cuBLAS; -1 picks per "
+     "weight format (2 for f32/f16/bf16, 8 for Q4_0/Q4_1/Q8_0)", -1, 1 << 20},
     {"cuda_graphs", ParamType::kBool, "true", "capture and replay decode steps as CUDA graphs"},
     {"graph_max_batch", ParamType::kInt, "256",
      "largest decode batch captured (batches are padded to the next power of two)", 1, 1 << 16},
     {"decode_splits", ParamType::kInt, "0",
      "split-K chunks per sequence and KV head in decode attention; 0 picks from the SM count", 0, 64},
+    {"fused_gemv", ParamType::kBool, "true",
+     "GEMV steps fuse Q/K/V into one launch, gate/up with SiLU, and the residual adds (same results, fewer "
+     "launches); false launches each matmul and element-wise op separately (for A/B)"},
+    {"programmatic_launch", ParamType::kBool, "false",
+     "launch the GEMV, rms_norm and rope kernels with programmatic dependent launch (sm_90): each may start "
+     "while the previous kernel drains; same results"},
 };
 
 }  // namespace

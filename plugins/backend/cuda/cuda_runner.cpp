@@ -247,7 +247,7 @@ CudaRunner::CudaRunner(std::shared_ptr<DeviceModel> model, const KvLayout& layou
   consider(model_->output);
   for (const auto& l : model_->layers)
     for (const DeviceMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) consider(*m);
-  if (biggest_converted > 0 && max_rows_ > options_.gemv_max_tokens)
+  if (biggest_converted > 0 && max_rows_ > std::max(8, options_.gemv_max_tokens))
     check(cudaMalloc(&weight16_, 2 * biggest_converted), "cudaMalloc (dequantized weight)");
   ensure_logit_rows(std::min(max_rows_, 64));
   ensure_staging(layout_for(max_rows_, std::min(max_rows_, 64), std::min(max_rows_, 64), 1, 0).total);
@@ -325,8 +325,14 @@ void CudaRunner::ensure_logit_rows(int32_t rows) {
   logit_capacity_ = cap;
 }
 
+bool CudaRunner::use_gemv(const DeviceMatrix& w, int64_t ntok) const {
+  if (options_.gemv_max_tokens >= 0) return ntok <= options_.gemv_max_tokens;
+  const bool dense = w.format == kF32 || w.format == kF16 || w.format == kBF16;
+  return ntok <= (dense ? 2 : 8);
+}
+
 void CudaRunner::matmul(const DeviceMatrix& w, const float* x, int64_t ntok, float* y) {
-  if (ntok <= options_.gemv_max_tokens) {
+  if (use_gemv(w, ntok)) {
     gemv(w.format, w.data, w.rows, w.cols, x, ntok, y, stream_);
     return;
   }
@@ -372,31 +378,51 @@ void CudaRunner::enqueue(const Step& st) {
     const DeviceModel::Layer& w = m.layers[li];
     uint8_t* k_pool = static_cast<uint8_t*>(kv_pool_) + 2 * li * layer_pool_bytes_;
     uint8_t* v_pool = k_pool + layer_pool_bytes_;
+    // Fused launches where every matmul of the group takes the GEMV path in one format; the
+    // same bits either way (see gemv_multi in the SDK's cuda.h).
+    const bool fuse = options_.fused_gemv;
     rms_norm(h_, x_, w.attn_norm, n, d, s.rms_eps, stream_);
-    matmul(w.wq, h_, n, q_);
-    matmul(w.wk, h_, n, k_);
-    matmul(w.wv, h_, n, v_);
+    if (fuse && use_gemv(w.wq, n) && w.wk.format == w.wq.format && w.wv.format == w.wq.format) {
+      const GemvTarget qkv[3] = {{w.wq.data, w.wq.rows, q_, nullptr},
+                                 {w.wk.data, w.wk.rows, k_, nullptr},
+                                 {w.wv.data, w.wv.rows, v_, nullptr}};
+      gemv_multi(w.wq.format, qkv, 3, w.wq.cols, h_, n, stream_);
+    } else {
+      matmul(w.wq, h_, n, q_);
+      matmul(w.wk, h_, n, k_);
+      matmul(w.wv, h_, n, v_);
+    }
     if (w.bq) add_bias(q_, w.bq, n, q_dim, stream_);
     if (w.bk) add_bias(k_, w.bk, n, kv_dim, stream_);
     if (w.bv) add_bias(v_, w.bv, n, kv_dim, stream_);
-    rope(q_, positions, n, s.num_heads, s.head_dim, s.rope.rotary_dim, s.rope.freq_base, s.rope.freq_scale,
-         s.rope.neox, stream_);
-    rope(k_, positions, n, s.num_kv_heads, s.head_dim, s.rope.rotary_dim, s.rope.freq_base,
-         s.rope.freq_scale, s.rope.neox, stream_);
-    store_kv(k_pool, f16, k_, slots, n, kv_dim, stream_);
-    store_kv(v_pool, f16, v_, slots, n, kv_dim, stream_);
+    rope_store_kv(q_, k_, v_, positions, slots, n, s.num_heads, s.num_kv_heads, s.head_dim, s.rope.rotary_dim,
+                  s.rope.freq_base, s.rope.freq_scale, s.rope.neox, k_pool, v_pool, f16, stream_);
     if (st.decode)
       attention_decode(sh, seqs, st.seqs, st.splits, q_, k_pool, v_pool, attn_, decode_scratch_, stream_);
     else
       attention_prefill(sh, seqs, work, st.num_work, q_, k_pool, v_pool, attn_, stream_);
-    matmul(w.wo, attn_, n, h_);
-    add(x_, h_, n * d, stream_);
+    if (fuse && use_gemv(w.wo, n)) {
+      const GemvTarget o{w.wo.data, w.wo.rows, x_, x_};
+      gemv_multi(w.wo.format, &o, 1, w.wo.cols, attn_, n, stream_);
+    } else {
+      matmul(w.wo, attn_, n, h_);
+      add(x_, h_, n * d, stream_);
+    }
     rms_norm(h_, x_, w.ffn_norm, n, d, s.rms_eps, stream_);
-    matmul(w.w_gate, h_, n, gate_);
-    matmul(w.w_up, h_, n, up_);
-    silu_mul(gate_, up_, n * s.ffn_dim, stream_);
-    matmul(w.w_down, gate_, n, h_);
-    add(x_, h_, n * d, stream_);
+    if (fuse && use_gemv(w.w_gate, n) && w.w_up.format == w.w_gate.format) {
+      gemv_swiglu(w.w_gate.format, w.w_gate.data, w.w_up.data, w.w_gate.rows, w.w_gate.cols, h_, n, gate_, stream_);
+    } else {
+      matmul(w.w_gate, h_, n, gate_);
+      matmul(w.w_up, h_, n, up_);
+      silu_mul(gate_, up_, n * s.ffn_dim, stream_);
+    }
+    if (fuse && use_gemv(w.w_down, n)) {
+      const GemvTarget down{w.w_down.data, w.w_down.rows, x_, x_};
+      gemv_multi(w.w_down.format, &down, 1, w.w_down.cols, gate_, n, stream_);
+    } else {
+      matmul(w.w_down, gate_, n, h_);
+      add(x_, h_, n * d, stream_);
+    }
   }
   if (st.logit_rows == 0) return;
   gather_rows(logit_in_, x_, logit_rows, st.logit_rows, d, stream_);
@@ -539,6 +565,12 @@ Status CudaRunner::run(std::span<const ForwardSequence> sequences, std::span<con
     }
     if (st.num_work > 0) std::memcpy(hwork, host_work_.data(), sizeof(AttnWork) * st.num_work);
 
+    // Launch mode of this thread's kernels while the step is enqueued (restored after).
+    struct LaunchMode {
+      bool before = programmatic_launch();
+      explicit LaunchMode(bool on) { set_programmatic_launch(on); }
+      ~LaunchMode() { set_programmatic_launch(before); }
+    } launch_mode(options_.programmatic_launch);
     if (graph) {
       const auto key = std::make_pair(st.seqs, sample);
       auto it = graphs_.find(key);

@@ -19,10 +19,18 @@
 namespace tessera::cuda {
 
 struct RunnerOptions {
-  int32_t gemv_max_tokens = 8;      // matmuls over at most this many rows use the GEMV kernels
+  // Matmuls over at most this many token rows use the GEMV kernels, more use cuBLAS; -1 picks
+  // per weight format what measured faster on an H200 (README): 2 for f32/f16/bf16 (whose
+  // GEMV reads the activations once per token and loses to cuBLAS from 4 rows), 8 for the
+  // GGUF block formats (cuBLAS would dequantize the whole matrix every call).
+  int32_t gemv_max_tokens = -1;
   bool cuda_graphs = true;          // capture decode steps of padded batch sizes
   int32_t graph_max_batch = 256;    // largest captured decode batch (powers of two up to it)
   int32_t decode_splits = 0;        // split-K chunks per (sequence, KV head); 0 = automatic
+  bool programmatic_launch = false; // GEMV, rms_norm and rope_store_kv kernels launched with
+                                    // programmatic dependent launch (see the SDK's cuda.h)
+  bool fused_gemv = true;           // GEMV steps: Q/K/V in one launch, gate/up with SiLU, residual
+                                    // adds in the epilogue (same bits as unfused, fewer launches)
 };
 
 struct ModelShape {
@@ -108,6 +116,7 @@ class CudaRunner final : public ForwardRunner {
   // Enqueues the whole step (upload of `upload_bytes` staging bytes, layers, logits, optional
   // sampling); captured as a graph for padded decode batches.
   void enqueue(const Step& step);
+  bool use_gemv(const DeviceMatrix& w, int64_t ntok) const;
   void matmul(const DeviceMatrix& w, const float* x, int64_t ntok, float* y);
 
   std::shared_ptr<DeviceModel> model_;

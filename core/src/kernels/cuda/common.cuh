@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "tessera/sdk/kernels/cuda.h"
 
@@ -78,6 +79,39 @@ __device__ __forceinline__ T block_reduce(T v, T* shared, Op op, T identity) {
 
 inline int blocks_for(int64_t n, int threads) {
   return static_cast<int>((n + threads - 1) / threads);
+}
+
+// Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
+// the previous kernel in the stream drains; it must not read that kernel's outputs, nor write
+// anything, before grid_dependency_wait(). Both instructions are no-ops for a kernel launched
+// without the attribute (and compiled out below sm_90).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the next kernel's CTAs be scheduled once every CTA of this one has issued it.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches `kernel`, with the programmatic-stream-serialization attribute when this thread
+// enabled it (set_programmatic_launch).
+template <class... KernelArgs, class... Args>
+void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = programmatic_launch() ? attr : nullptr;
+  cfg.numAttrs = programmatic_launch() ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), "cudaLaunchKernelEx");
 }
 
 }  // namespace tessera::cuda

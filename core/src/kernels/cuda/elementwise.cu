@@ -1,4 +1,5 @@
 // Element-wise kernels of the forward pass, embedding gather, block copies and sampling.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <stdexcept>
@@ -12,6 +13,12 @@ void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
+
+namespace {
+thread_local bool programmatic_launch_enabled = false;
+}
+void set_programmatic_launch(bool enabled) { programmatic_launch_enabled = enabled; }
+bool programmatic_launch() { return programmatic_launch_enabled; }
 
 bool format_supported(uint32_t t) {
   return t == kF32 || t == kF16 || t == kBF16 || t == kQ4_0 || t == kQ4_1 || t == kQ8_0;
@@ -35,6 +42,8 @@ namespace {
 __global__ void rms_norm_kernel(float* out, const float* in, const float* weight, int64_t dim,
                                 float eps) {
   __shared__ double shared[32];
+  allow_dependent_launch();
+  grid_dependency_wait();
   const float* x = in + blockIdx.x * dim;
   float* y = out + blockIdx.x * dim;
   double sum = 0.0;
@@ -45,8 +54,23 @@ __global__ void rms_norm_kernel(float* out, const float* in, const float* weight
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) y[i] = __fmul_rn(__fmul_rn(x[i], scale), weight[i]);
 }
 
-// One thread per (row, head, pair). theta follows the CPU's float recurrence
-// theta_{i+1} = theta_i * theta_scale so angles round alike.
+// Rotates pair i of one head vector v at position pos. theta follows the CPU's float
+// recurrence theta_{i+1} = theta_i * theta_scale so angles round alike.
+__device__ __forceinline__ void rope_pair(float* v, int32_t i, int32_t pos, int32_t rot, float theta_scale,
+                                          float freq_scale, bool neox) {
+  float theta = __fmul_rn(static_cast<float>(pos), freq_scale);
+  for (int32_t k = 0; k < i; ++k) theta = __fmul_rn(theta, theta_scale);
+  const float c = cosf(theta);
+  const float s = sinf(theta);
+  const int32_t a = neox ? i : 2 * i;
+  const int32_t b = neox ? i + rot / 2 : 2 * i + 1;
+  const float x0 = v[a];
+  const float x1 = v[b];
+  v[a] = fmaf(x0, c, -__fmul_rn(x1, s));
+  v[b] = fmaf(x0, s, __fmul_rn(x1, c));
+}
+
+// One thread per (row, head, pair).
 __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, int32_t num_heads,
                             int32_t head_dim, int32_t rot, float theta_scale, float freq_scale,
                             bool neox) {
@@ -58,17 +82,43 @@ __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, in
   const int64_t rh = idx / pairs;
   const int32_t h = static_cast<int32_t>(rh % num_heads);
   const int64_t r = rh / num_heads;
-  float theta = __fmul_rn(static_cast<float>(positions[r]), freq_scale);
-  for (int32_t k = 0; k < i; ++k) theta = __fmul_rn(theta, theta_scale);
-  const float c = cosf(theta);
-  const float s = sinf(theta);
-  float* v = x + (r * num_heads + h) * head_dim;
-  const int32_t a = neox ? i : 2 * i;
-  const int32_t b = neox ? i + rot / 2 : 2 * i + 1;
-  const float x0 = v[a];
-  const float x1 = v[b];
-  v[a] = fmaf(x0, c, -__fmul_rn(x1, s));
-  v[b] = fmaf(x0, s, __fmul_rn(x1, c));
+  rope_pair(x + (r * num_heads + h) * head_dim, i, positions[r], rot, theta_scale, freq_scale, neox);
+}
+
+// dst element `offset` onward = src[0 .. n), as f16 or f32.
+__device__ __forceinline__ void store_slice(void* pool, bool f16, const float* s, int64_t offset, int64_t n) {
+  if (f16) {
+    __half* d = static_cast<__half*>(pool) + offset;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = __float2half_rn(s[i]);
+  } else {
+    float* d = static_cast<float*>(pool) + offset;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
+  }
+}
+
+// One CTA per (token row, head): query heads are rotated in place; a KV head is rotated, then
+// (the head complete) its K and V slices are written to the pools.
+__global__ void rope_store_kv_kernel(float* q, float* k, const float* v, const int32_t* positions,
+                                     const int32_t* slots, int32_t num_heads, int32_t num_kv_heads,
+                                     int32_t head_dim, int32_t rot, float theta_scale, float freq_scale,
+                                     bool neox, void* k_pool, void* v_pool, bool f16) {
+  const int64_t r = blockIdx.x;
+  const int32_t h = blockIdx.y;
+  allow_dependent_launch();
+  grid_dependency_wait();
+  const int32_t pos = positions[r];
+  const int64_t kv_dim = static_cast<int64_t>(num_kv_heads) * head_dim;
+  float* vec = h < num_heads ? q + (r * num_heads + h) * head_dim : k + r * kv_dim + (h - num_heads) * head_dim;
+  for (int32_t i = threadIdx.x; i < rot / 2; i += blockDim.x)
+    rope_pair(vec, i, pos, rot, theta_scale, freq_scale, neox);
+  if (h < num_heads) return;
+  const int32_t slot = slots[r];
+  if (slot < 0) return;  // uniform per CTA: no thread reaches the barrier below
+  __syncthreads();
+  const int64_t kh = h - num_heads;
+  const int64_t offset = static_cast<int64_t>(slot) * kv_dim + kh * head_dim;
+  store_slice(k_pool, f16, vec, offset, head_dim);
+  store_slice(v_pool, f16, v + r * kv_dim + kh * head_dim, offset, head_dim);
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
@@ -93,15 +143,7 @@ __global__ void store_kv_kernel(void* pool, bool f16, const float* src, const in
   const int64_t r = blockIdx.x;
   const int32_t slot = slots[r];
   if (slot < 0) return;
-  const float* s = src + r * row_elems;
-  const int64_t offset = static_cast<int64_t>(slot) * row_elems;
-  if (f16) {
-    __half* d = static_cast<__half*>(pool) + offset;
-    for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) d[i] = __float2half_rn(s[i]);
-  } else {
-    float* d = static_cast<float*>(pool) + offset;
-    for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) d[i] = s[i];
-  }
+  store_slice(pool, f16, src + r * row_elems, static_cast<int64_t>(slot) * row_elems, row_elems);
 }
 
 __global__ void embed_kernel(float* out, const uint8_t* table, uint32_t format, size_t row_bytes,
@@ -276,7 +318,7 @@ __global__ void sample_kernel(const float* logits_all, int32_t vocab, const Samp
 void rms_norm(float* out, const float* in, const float* weight, int64_t rows, int64_t dim,
               float eps, cudaStream_t stream) {
   if (rows <= 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(out, in, weight, dim, eps);
+  launch(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(256), stream, out, in, weight, dim, eps);
   check_launch("rms_norm");
 }
 
@@ -288,6 +330,19 @@ void rope(float* x, const int32_t* positions, int64_t rows, int32_t num_heads, i
   rope_kernel<<<blocks_for(total, 256), 256, 0, stream>>>(x, positions, rows, num_heads, head_dim,
                                                           rotary_dim, theta_scale, freq_scale, neox);
   check_launch("rope");
+}
+
+void rope_store_kv(float* q, float* k, const float* v, const int32_t* positions, const int32_t* slots,
+                   int64_t rows, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
+                   float freq_base, float freq_scale, bool neox, void* k_pool, void* v_pool, bool f16,
+                   cudaStream_t stream) {
+  if (rows <= 0) return;
+  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rotary_dim));
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(num_heads + num_kv_heads));
+  const unsigned threads = static_cast<unsigned>(std::clamp((rotary_dim / 2 + 31) / 32 * 32, 32, 256));
+  launch(rope_store_kv_kernel, grid, dim3(threads), stream, q, k, v, positions, slots, num_heads, num_kv_heads,
+         head_dim, rotary_dim, theta_scale, freq_scale, neox, k_pool, v_pool, f16);
+  check_launch("rope_store_kv");
 }
 
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t stream) {

@@ -32,57 +32,72 @@ __device__ __forceinline__ void unpack8(const uint4& v, const __half*, float* f)
 }
 
 
-// Eight consecutive weights of a dense row as floats: one 16-byte streaming load for 16-bit
-// types, two for f32. `chunk` counts groups of 8 elements.
+// Dot products of R weight rows (R = 1, or 2 for a SwiGLU gate/up pair) with NT activation
+// rows, accumulated per lane; the caller reduces over the warp.
+//
+// Dense weights (f32, f16, bf16): each lane streams chunks of 8 elements of the row (16-byte
+// loads, weights are read once: __ldcs), unrolled so several loads are in flight; x goes
+// through the read-only cache (shared by all rows of the CTA and by neighbouring CTAs) and is
+// loaded once for the R rows.
+// Raw 16-byte words of 8 weights (two words for f32), kept packed in registers until used so a
+// deep unroll stays cheap in registers, then widened to floats.
 template <class T>
-__device__ __forceinline__ void load8(const T* row, int64_t chunk, float* f) {
+struct Chunk {
+  static constexpr int kWords = std::is_same_v<T, float> ? 2 : 1;
+  uint4 w[kWords];
+};
+template <class T>
+__device__ __forceinline__ void load_chunk(const T* row, int64_t chunk, Chunk<T>& c) {
+#pragma unroll
+  for (int k = 0; k < Chunk<T>::kWords; ++k)
+    c.w[k] = __ldcs(reinterpret_cast<const uint4*>(row) + Chunk<T>::kWords * chunk + k);
+}
+template <class T>
+__device__ __forceinline__ void widen(const Chunk<T>& c, float* f) {
   if constexpr (std::is_same_v<T, float>) {
-    const float4 a = __ldcs(reinterpret_cast<const float4*>(row) + 2 * chunk);
-    const float4 b = __ldcs(reinterpret_cast<const float4*>(row) + 2 * chunk + 1);
-    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    const float* p = reinterpret_cast<const float*>(c.w);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = p[k];
   } else {
-    unpack8(__ldcs(reinterpret_cast<const uint4*>(row) + chunk), static_cast<const T*>(nullptr), f);
+    unpack8(c.w[0], static_cast<const T*>(nullptr), f);
   }
 }
 
-// Dense weights (f32, f16, bf16): each lane streams chunks of 8 elements of the row (16-byte
-// loads, weights are read once: __ldcs), unrolled so several loads are in flight; x goes
-// through the read-only cache (shared by all rows of the CTA and by neighbouring CTAs).
-template <class T, int NT>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-gemv_dense_kernel(const T* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
-                  float* __restrict__ y) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const T* wr = w + row * cols;
-  float acc[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+template <class T, int NT, int R>
+__device__ __forceinline__ void dense_row_dots(const uint8_t* const (&rows)[R], int64_t cols, const float* x,
+                                               int lane, float (&acc)[R][NT]) {
   const int64_t chunks = cols / 8;  // cols % 32 == 0 checked by the launcher
-  constexpr int kUnroll = 4;
+  // 128 bytes of weights in flight per lane (R rows together): the loads of a whole unrolled
+  // step are issued before the first is used. The per-lane order of the sums does not depend
+  // on the unroll (chunks lane, lane + 32, ... in turn), so results are the same bits.
+  constexpr int kUnroll = 8 / (R * Chunk<T>::kWords);
   for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
-    float f[kUnroll][8];
+    Chunk<T> raw[R][kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (c0 + 32 * u < chunks) load8(wr, c0 + 32 * u, f[u]);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (c0 + 32 * u < chunks) load_chunk(reinterpret_cast<const T*>(rows[r]), c0 + 32 * u, raw[r][u]);
+    // The weights do not depend on the previous kernel: the first loads are in flight before
+    // waiting for it (programmatic dependent launch), x is read only after.
+    if (c0 == lane) grid_dependency_wait();
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + 32 * u;
       if (c >= chunks) break;
+      float f[R][8];
+#pragma unroll
+      for (int r = 0; r < R; ++r) widen(raw[r][u], f[r]);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * cols + c * 8));
         const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * cols + c * 8 + 4));
-        acc[t] += f[u][0] * a.x + f[u][1] * a.y + f[u][2] * a.z + f[u][3] * a.w + f[u][4] * b.x +
-                  f[u][5] * b.y + f[u][6] * b.z + f[u][7] * b.w;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          acc[r][t] += f[r][0] * a.x + f[r][1] * a.y + f[r][2] * a.z + f[r][3] * a.w + f[r][4] * b.x +
+                       f[r][5] * b.y + f[r][6] * b.z + f[r][7] * b.w;
       }
     }
-  }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[t * rows + row] = s;
   }
 }
 
@@ -131,71 +146,161 @@ __device__ __forceinline__ void load_block(const uint8_t* b, float* q, float* d,
   }
 }
 
-template <uint32_t F, int NT>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-gemv_quant_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t cols, size_t row_bytes,
-                  const float* __restrict__ x, float* __restrict__ y) {
+template <uint32_t F, int NT, int R>
+__device__ __forceinline__ void quant_row_dots(const uint8_t* const (&rows)[R], int64_t cols, const float* x,
+                                               int lane, float (&acc)[R][NT]) {
   constexpr int kBlockBytes = F == kQ8_0 ? 34 : (F == kQ4_0 ? 18 : 20);
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const uint8_t* wr = w + row * row_bytes;
   const int64_t nblocks = cols / 32;
-  float acc[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   for (int64_t blk = lane; blk < nblocks; blk += 32) {
-    float q[32], d, m;
-    load_block<F>(wr + blk * kBlockBytes, q, &d, &m);
+    float q[R][32], d[R], m[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) load_block<F>(rows[r] + blk * kBlockBytes, q[r], &d[r], &m[r]);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       const float4* xs = reinterpret_cast<const float4*>(x + t * cols + blk * 32);
-      float dot = 0.0f, sum = 0.0f;
+      float dot[R], sum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) dot[r] = 0.0f;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const float4 a = __ldg(xs + k);
-        dot += q[4 * k] * a.x + q[4 * k + 1] * a.y + q[4 * k + 2] * a.z + q[4 * k + 3] * a.w;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          dot[r] += q[r][4 * k] * a.x + q[r][4 * k + 1] * a.y + q[r][4 * k + 2] * a.z + q[r][4 * k + 3] * a.w;
         if constexpr (F == kQ4_1) sum += a.x + a.y + a.z + a.w;
       }
-      acc[t] += d * dot + m * sum;
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][t] += d[r] * dot[r] + m[r] * sum;
     }
   }
+}
+
+template <uint32_t F, int NT, int R>
+__device__ __forceinline__ void row_dots(const uint8_t* const (&rows)[R], int64_t cols, const float* x, int lane,
+                                         float (&acc)[R][NT]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  if constexpr (F == kBF16) dense_row_dots<__nv_bfloat16, NT, R>(rows, cols, x, lane, acc);
+  else if constexpr (F == kF16) dense_row_dots<__half, NT, R>(rows, cols, x, lane, acc);
+  else if constexpr (F == kF32) dense_row_dots<float, NT, R>(rows, cols, x, lane, acc);
+  else {
+    grid_dependency_wait();
+    quant_row_dots<F, NT, R>(rows, cols, x, lane, acc);
+  }
+  grid_dependency_wait();  // lanes that had no chunk; a no-op once satisfied
+}
+
+// One launch over the rows of up to kGemvMaxTargets matrices (their rows concatenated, one
+// warp per row): a fused Q/K/V projection, or one matrix with the residual added in the
+// epilogue. The sums are the unfused kernels' to the bit: the same per-lane order, the same
+// warp reduction, and the residual added as `residual + dot` like add().
+struct GemvArgs {
+  const uint8_t* w[kGemvMaxTargets];
+  float* y[kGemvMaxTargets];
+  const float* residual[kGemvMaxTargets];
+  int64_t rows[kGemvMaxTargets];
+  int64_t row_end[kGemvMaxTargets];  // cumulative row counts
+  int32_t num_targets;
+  int64_t cols;
+  size_t row_bytes;
+  const float* x;
+};
+
+template <uint32_t F, int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a) {
+  allow_dependent_launch();
+  const int lane = threadIdx.x & 31;
+  const int64_t g = blockIdx.x * static_cast<int64_t>(kGemvWarps) + (threadIdx.x >> 5);
+  int s = 0;
+  while (s + 1 < a.num_targets && g >= a.row_end[s]) ++s;
+  if (g >= a.row_end[s]) return;
+  const int64_t row = g - (s > 0 ? a.row_end[s - 1] : 0);
+  const uint8_t* const wr[1] = {a.w[s] + row * a.row_bytes};
+  float acc[1][NT];
+  row_dots<F, NT, 1>(wr, a.cols, a.x, lane, acc);
+  const int64_t rows = a.rows[s];
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[t * rows + row] = s;
+    const float v = warp_sum(acc[0][t]);
+    if (lane == 0) {
+      const int64_t i = t * rows + row;
+      a.y[s][i] = a.residual[s] ? a.residual[s][i] + v : v;
+    }
+  }
+}
+
+// y[t][r] = silu(gate_r . x_t) * (up_r . x_t): both rows of a SwiGLU pair in one warp, x read
+// once, silu_mul's rounding (w[0] gate, w[1] up, y[0] out).
+template <uint32_t F, int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_swiglu_kernel(const GemvArgs a) {
+  allow_dependent_launch();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + (threadIdx.x >> 5);
+  if (row >= a.rows[0]) return;
+  const uint8_t* const wr[2] = {a.w[0] + row * a.row_bytes, a.w[1] + row * a.row_bytes};
+  float acc[2][NT];
+  row_dots<F, NT, 2>(wr, a.cols, a.x, lane, acc);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float g = warp_sum(acc[0][t]);
+    const float u = warp_sum(acc[1][t]);
+    if (lane == 0) a.y[0][t * a.rows[0] + row] = __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u);
   }
 }
 
 template <int NT>
-void launch_gemv(uint32_t format, const void* w, int64_t rows, int64_t cols, const float* x, float* y,
-                 cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>((rows + kGemvWarps - 1) / kGemvWarps);
+void launch_gemv(uint32_t format, const GemvArgs& a, bool swiglu, cudaStream_t stream) {
+  const int64_t total = swiglu ? a.rows[0] : a.row_end[a.num_targets - 1];
+  const unsigned grid = static_cast<unsigned>((total + kGemvWarps - 1) / kGemvWarps);
   const unsigned block = kGemvWarps * 32;
-  const auto* wb = static_cast<const uint8_t*>(w);
+#define TESSERA_GEMV_CASE(F)                                                     \
+  case F:                                                                        \
+    if (swiglu) launch(gemv_swiglu_kernel<F, NT>, dim3(grid), dim3(block), stream, a); \
+    else launch(gemv_kernel<F, NT>, dim3(grid), dim3(block), stream, a);              \
+    break;
   switch (format) {
-    case kBF16:
-      gemv_dense_kernel<__nv_bfloat16, NT><<<grid, block, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(w), rows, cols, x, y);
-      break;
-    case kF16:
-      gemv_dense_kernel<__half, NT><<<grid, block, 0, stream>>>(static_cast<const __half*>(w), rows, cols,
-                                                                x, y);
-      break;
-    case kF32:
-      gemv_dense_kernel<float, NT><<<grid, block, 0, stream>>>(static_cast<const float*>(w), rows, cols, x, y);
-      break;
-    case kQ8_0:
-      gemv_quant_kernel<kQ8_0, NT><<<grid, block, 0, stream>>>(wb, rows, cols, format_row_bytes(format, cols), x, y);
-      break;
-    case kQ4_0:
-      gemv_quant_kernel<kQ4_0, NT><<<grid, block, 0, stream>>>(wb, rows, cols, format_row_bytes(format, cols), x, y);
-      break;
-    case kQ4_1:
-      gemv_quant_kernel<kQ4_1, NT><<<grid, block, 0, stream>>>(wb, rows, cols, format_row_bytes(format, cols), x, y);
-      break;
+    TESSERA_GEMV_CASE(kBF16)
+    TESSERA_GEMV_CASE(kF16)
+    TESSERA_GEMV_CASE(kF32)
+    TESSERA_GEMV_CASE(kQ8_0)
+    TESSERA_GEMV_CASE(kQ4_0)
+    TESSERA_GEMV_CASE(kQ4_1)
     default:
       throw std::runtime_error("gemv: unsupported weight format " + std::to_string(format));
+  }
+#undef TESSERA_GEMV_CASE
+}
+
+// Token counts are split into runs of 8, 4, 2 and 1 (four instantiations per format keep nvcc
+// time down; a weight row is re-read at most four times per call).
+void run_gemv(uint32_t format, GemvArgs a, int64_t ntok, bool swiglu, cudaStream_t stream) {
+  if (a.cols % 32 != 0) throw std::runtime_error("gemv: cols must be a multiple of 32");
+  a.row_bytes = format_row_bytes(format, a.cols);
+  const float* x = a.x;
+  float* y[kGemvMaxTargets];
+  const float* res[kGemvMaxTargets];
+  for (int s = 0; s < a.num_targets; ++s) {
+    y[s] = a.y[s];
+    res[s] = a.residual[s];
+  }
+  for (int64_t t0 = 0; t0 < ntok;) {
+    const int64_t left = ntok - t0;
+    const int64_t nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    a.x = x + t0 * a.cols;
+    for (int s = 0; s < a.num_targets; ++s) {
+      a.y[s] = y[s] ? y[s] + t0 * a.rows[s] : nullptr;
+      a.residual[s] = res[s] ? res[s] + t0 * a.rows[s] : nullptr;
+    }
+    switch (nt) {
+      case 1: launch_gemv<1>(format, a, swiglu, stream); break;
+      case 2: launch_gemv<2>(format, a, swiglu, stream); break;
+      case 4: launch_gemv<4>(format, a, swiglu, stream); break;
+      default: launch_gemv<8>(format, a, swiglu, stream); break;
+    }
+    check_launch(swiglu ? "gemv_swiglu" : "gemv");
+    t0 += nt;
   }
 }
 
@@ -242,24 +347,45 @@ __global__ void probe_kernel(const uint4* __restrict__ src, size_t n16, float* s
 
 void gemv(uint32_t format, const void* w, int64_t rows, int64_t cols, const float* x, int64_t ntok,
           float* y, cudaStream_t stream) {
-  if (ntok <= 0 || rows <= 0) return;
-  if (cols % 32 != 0) throw std::runtime_error("gemv: cols must be a multiple of 32");
-  // Token counts are split into runs of 8, 4, 2 and 1 (four instantiations per format keep
-  // nvcc time down; a weight row is re-read at most four times per call).
-  for (int64_t t0 = 0; t0 < ntok;) {
-    const int64_t left = ntok - t0;
-    const int64_t nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    const float* xs = x + t0 * cols;
-    float* ys = y + t0 * rows;
-    switch (nt) {
-      case 1: launch_gemv<1>(format, w, rows, cols, xs, ys, stream); break;
-      case 2: launch_gemv<2>(format, w, rows, cols, xs, ys, stream); break;
-      case 4: launch_gemv<4>(format, w, rows, cols, xs, ys, stream); break;
-      default: launch_gemv<8>(format, w, rows, cols, xs, ys, stream); break;
-    }
-    check_launch("gemv");
-    t0 += nt;
+  const GemvTarget t{w, rows, y, nullptr};
+  gemv_multi(format, &t, 1, cols, x, ntok, stream);
+}
+
+void gemv_multi(uint32_t format, const GemvTarget* targets, int32_t num_targets, int64_t cols, const float* x,
+                int64_t ntok, cudaStream_t stream) {
+  if (num_targets < 1 || num_targets > kGemvMaxTargets)
+    throw std::runtime_error("gemv_multi: 1 to " + std::to_string(kGemvMaxTargets) + " targets");
+  GemvArgs a{};
+  int64_t end = 0;
+  for (int32_t s = 0; s < num_targets; ++s) {
+    a.w[s] = static_cast<const uint8_t*>(targets[s].w);
+    a.y[s] = targets[s].y;
+    a.residual[s] = targets[s].residual;
+    a.rows[s] = targets[s].rows;
+    end += targets[s].rows;
+    a.row_end[s] = end;
   }
+  a.num_targets = num_targets;
+  a.cols = cols;
+  a.x = x;
+  if (ntok <= 0 || end <= 0) return;
+  run_gemv(format, a, ntok, false, stream);
+}
+
+void gemv_swiglu(uint32_t format, const void* w_gate, const void* w_up, int64_t rows, int64_t cols, const float* x,
+                 int64_t ntok, float* y, cudaStream_t stream) {
+  if (ntok <= 0 || rows <= 0) return;
+  GemvArgs a{};
+  a.w[0] = static_cast<const uint8_t*>(w_gate);
+  a.w[1] = static_cast<const uint8_t*>(w_up);
+  a.y[0] = y;
+  a.rows[0] = a.rows[1] = rows;
+  a.row_end[0] = rows;
+  a.row_end[1] = 2 * rows;
+  a.num_targets = 2;
+  a.cols = cols;
+  a.x = x;
+  run_gemv(format, a, ntok, true, stream);
 }
 
 void dequantize(uint32_t format, const void* w, int64_t rows, int64_t cols, void* dst, bool to_bf16,

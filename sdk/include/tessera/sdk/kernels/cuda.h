@@ -28,6 +28,14 @@ void check(cudaError_t err, const char* what);
 // The last launch error (cudaGetLastError), checked.
 void check_launch(const char* what);
 
+// Programmatic dependent launch (kernels 1.4, sm_90): while enabled on the calling thread,
+// gemv, gemv_multi, gemv_swiglu, rms_norm and rope_store_kv launch with CUDA's
+// programmatic-stream-serialization attribute, so each may be scheduled while the kernel
+// before it drains (they wait for its results before reading them). Off by default; results
+// are the same bits either way. Works inside stream capture (CUDA graphs).
+void set_programmatic_launch(bool enabled);
+bool programmatic_launch();
+
 // ---- element-wise (elementwise.cu) ----
 // out[r] = in[r] / rms(in[r]) * weight; in == out allowed.
 void rms_norm(float* out, const float* in, const float* weight, int64_t rows, int64_t dim,
@@ -43,6 +51,13 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t n, cudaStream_t
 // pool[slots[r]] = src[r] (row_elems each) in f16 or f32; rows with slots[r] < 0 are skipped.
 void store_kv(void* pool, bool f16, const float* src, const int32_t* slots, int64_t rows,
               int64_t row_elems, cudaStream_t stream);
+// The K/V half of an attention layer's input in one launch (kernels 1.4): rope() on q
+// (num_heads) and k (num_kv_heads) in place, then store_kv() of k into k_pool and v into
+// v_pool; the same values as those four calls.
+void rope_store_kv(float* q, float* k, const float* v, const int32_t* positions,
+                   const int32_t* slots, int64_t rows, int32_t num_heads, int32_t num_kv_heads,
+                   int32_t head_dim, int32_t rotary_dim, float freq_base, float freq_scale,
+                   bool neox, void* k_pool, void* v_pool, bool f16, cudaStream_t stream);
 // out[i] = dequantized row tokens[i] of `table` ([vocab][cols] in `format`).
 void embed_rows(float* out, const void* table, uint32_t format, int64_t cols,
                 const int32_t* tokens, int64_t n, cudaStream_t stream);
@@ -75,9 +90,28 @@ void sample_rows(const float* logits, int64_t rows, int32_t vocab, const SampleP
 // ---- matmul (matmul.cu) ----
 // y[t][r] = sum_c W[r][c] * x[t][c], W in `format` ([rows][cols], GGUF row-major), t < ntok.
 // Weight-only GEMV: one warp per output row, up to 8 tokens per launch (larger counts are
-// split into runs of 8, 4, 2, 1); any ntok works, but past ~8 tokens the cuBLAS path wins.
+// split into runs of 8, 4, 2, 1); any ntok works, but the activation reads grow with ntok:
+// see backend.cuda's README for where the cuBLAS path wins per format.
 void gemv(uint32_t format, const void* w, int64_t rows, int64_t cols, const float* x,
           int64_t ntok, float* y, cudaStream_t stream);
+// Fused GEMVs for decode steps (kernels 1.4). Each target's sums equal gemv()'s bit for bit
+// (same per-lane order and warp reduction); they only save launches and activation reads.
+// gemv_multi: one launch over up to kGemvMaxTargets matrices of one format and column count
+// (a Q/K/V projection), y_s[t][r] = residual_s[t][r] + W_s[r] . x[t] where residual_s is set
+// (it may equal y_s: the output projection adding into the residual stream), else W_s[r] . x[t].
+inline constexpr int kGemvMaxTargets = 3;
+struct GemvTarget {
+  const void* w = nullptr;
+  int64_t rows = 0;
+  float* y = nullptr;                // [ntok][rows]
+  const float* residual = nullptr;   // [ntok][rows] or nullptr
+};
+void gemv_multi(uint32_t format, const GemvTarget* targets, int32_t num_targets, int64_t cols,
+                const float* x, int64_t ntok, cudaStream_t stream);
+// SwiGLU gate and up projections in one pass: y[t][r] = silu(Wg[r] . x[t]) * (Wu[r] . x[t]),
+// equal to gemv() twice followed by silu_mul().
+void gemv_swiglu(uint32_t format, const void* w_gate, const void* w_up, int64_t rows, int64_t cols,
+                 const float* x, int64_t ntok, float* y, cudaStream_t stream);
 // Dequantizes W into half (to_bf16 false) or bfloat16 (to_bf16 true): the GEMM path.
 void dequantize(uint32_t format, const void* w, int64_t rows, int64_t cols, void* dst,
                 bool to_bf16, cudaStream_t stream);

@@ -17,10 +17,15 @@
 // llama-quantize writes it, vec_dot / vec_dot_tile in ggml's order against Q8_K) and in
 // interleaved.h (an 8-row layout and its matmuls), Q5_1 in interleaved.h too; every existing
 // result unchanged.
+// 1.3 cpu_has_avx_vnni (the W8A8 quantizer's dispatch); every existing result unchanged.
+// 1.4 fused CUDA decode kernels in cuda.h: gemv_multi (up to three matrices per launch, a
+// residual added in the epilogue), gemv_swiglu (gate and up projections with silu_mul) and
+// rope_store_kv, each equal to the unfused calls bit for bit; set_programmatic_launch
+// (programmatic dependent launch for those kernels and rms_norm).
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
-#define TESSERA_SDK_KERNELS_VERSION_MINOR 3
+#define TESSERA_SDK_KERNELS_VERSION_MINOR 4
 
 namespace tessera {
 inline constexpr int kSdkKernelsVersionMajor = TESSERA_SDK_KERNELS_VERSION_MAJOR;
