@@ -419,6 +419,23 @@ std::string micro_kernels(const tc::DeviceModel& m, const tc::ModelShape& s, dou
     });
     report("fused gate/up + silu", ug, mbytes(l.w_gate) + mbytes(l.w_up));
     fused += ug;
+    // One layer's GEMVs in order (eager launches, no graph), without and with programmatic
+    // dependent launch: what PDL hides between dependent kernels.
+    for (bool pdl : {false, true}) {
+      tc::set_programmatic_launch(pdl);
+      const tc::GemvTarget o2{l.wo.data, l.wo.rows, y3, y3};
+      const tc::GemvTarget dn2{l.w_down.data, l.w_down.rows, y3, y3};
+      const double us = time_us(stream, reps, [&] {
+        tc::gemv_multi(l.wq.format, qkv, 3, d, x, 1, stream);
+        tc::gemv_multi(l.wo.format, &o2, 1, qd, y, 1, stream);
+        tc::gemv_swiglu(l.w_gate.format, l.w_gate.data, l.w_up.data, ffn, d, y3, 1, y, stream);
+        tc::gemv_multi(l.w_down.format, &dn2, 1, ffn, y, 1, stream);
+      });
+      tc::set_programmatic_launch(false);
+      report(pdl ? "layer GEMVs in order, PDL" : "layer GEMVs in order", us,
+             mbytes(l.wq) + mbytes(l.wk) + mbytes(l.wv) + mbytes(l.wo) + mbytes(l.w_gate) + mbytes(l.w_up) +
+                 mbytes(l.w_down));
+    }
     const tc::GemvTarget dn{l.w_down.data, l.w_down.rows, y2, y2};
     const double ud = time_us(stream, reps, [&] { tc::gemv_multi(l.w_down.format, &dn, 1, ffn, x, 1, stream); });
     report("fused down + residual", ud, mbytes(l.w_down));
@@ -547,7 +564,7 @@ int main(int argc, char** argv) {
     tessera::KvLayout layout{block_size,
                              std::max(max_batch * decode_blocks, (max_len + block_size - 1) / block_size),
                              tessera::KvDtype::kF16, tessera::KvDtype::kF16};
-    tc::RunnerOptions options;
+    tc::RunnerOptions options;  // the defaults: fused GEMVs, per-format crossover, PDL on sm_90
     options.graph_max_batch = max_batch;
     tc::CudaRunner runner(model, layout, max_rows, max_len, options, 0);
     std::printf("KV pool: %.2f GB\n", runner.kv_pool_bytes() / 1e9);
@@ -593,7 +610,7 @@ int main(int argc, char** argv) {
     {
       struct Variant { const char* name; bool fused; int gemv_max; bool pdl; };
       const Variant variants[] = {{"unfused, gemv<=8", false, 8, false}, {"fused, gemv<=8", true, 8, false},
-                                  {"fused, gemv<=1", true, 1, false},    {"fused, auto", true, -1, false},
+                                  {"fused, gemv<=1", true, 1, false},    {"fused, auto, no PDL", true, -1, false},
                                   {"fused, auto, PDL", true, -1, true}};
       const int ab_batches[] = {1, 2, 4, 8, 16};
       const int ab_seqs = 16;

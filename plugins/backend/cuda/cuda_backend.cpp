@@ -133,7 +133,7 @@ class CudaBackend final : public Backend, public ForwardRunnerProvider {
     options.graph_max_batch = static_cast<int32_t>(config.get_int("graph_max_batch", 256));
     options.decode_splits = static_cast<int32_t>(config.get_int("decode_splits", 0));
     options.fused_gemv = config.get_bool("fused_gemv", true);
-    options.programmatic_launch = config.get_bool("programmatic_launch", false);
+    options.programmatic_launch = config.get_bool("programmatic_launch", true);
     *out = std::make_unique<CudaBackend>(device, options);
     return Status::ok();
   }
@@ -159,9 +159,9 @@ const ParamSpec kParams[] = {
     {"fused_gemv", ParamType::kBool, "true",
      "GEMV steps fuse Q/K/V into one launch, gate/up with SiLU, and the residual adds (same results, fewer "
      "launches); false launches each matmul and element-wise op separately (for A/B)"},
-    {"programmatic_launch", ParamType::kBool, "false",
-     "launch the GEMV, rms_norm and rope kernels with programmatic dependent launch (sm_90): each may start "
-     "while the previous kernel drains; same results"},
+    {"programmatic_launch", ParamType::kBool, "true",
+     "launch the GEMV, rms_norm and rope kernels with programmatic dependent launch (sm_90 and newer; ignored "
+     "below): each may start while the previous kernel drains; same results"},
 };
 
 }  // namespace

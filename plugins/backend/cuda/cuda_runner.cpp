@@ -200,6 +200,10 @@ CudaRunner::CudaRunner(std::shared_ptr<DeviceModel> model, const KvLayout& layou
   max_blocks_per_seq_ = (max_context_ + layout_.block_size - 1) / layout_.block_size;
   check(cudaSetDevice(device_), "cudaSetDevice");
   check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "device attributes");
+  int major = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_), "device attributes");
+  // Programmatic dependent launch is a Hopper (sm_90) feature; older devices launch as usual.
+  options_.programmatic_launch = options_.programmatic_launch && major >= 9;
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   check_cublas(cublas().create(&cublas_), "cublasCreate");
   check_cublas(cublas().set_stream(cublas_, stream_), "cublasSetStream");
