@@ -649,6 +649,39 @@ int main(int argc, char** argv) {
       }
     }
 
+    // The cuBLAS path at decode batch sizes: one layer's seven matmuls (x converted to bf16 per
+    // matmul, f32 output), alone, against the weights' bytes and the FLOPs.
+    std::ostringstream gemm_json;
+    {
+      const auto& l = model->layers[0];
+      float *gx = nullptr, *gy = nullptr;
+      const size_t n = size_t(256) * shape.ffn_dim;
+      tc::check(cudaMalloc(reinterpret_cast<void**>(&gx), sizeof(float) * n), "cudaMalloc (gemm)");
+      tc::check(cudaMalloc(reinterpret_cast<void**>(&gy), sizeof(float) * n), "cudaMalloc (gemm)");
+      tc::fill_random(gx, tc::kF32, n, 1.0f, 9, runner.stream());
+      double layer_bytes = 0, layer_flop_per_tok = 0;
+      for (const auto* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        layer_bytes += 2.0 * w->rows * w->cols;
+        layer_flop_per_tok += 2.0 * w->rows * w->cols;
+      }
+      std::printf("one layer's matmuls on the cuBLAS path (x converted per matmul):\n");
+      bool first_gemm = true;
+      for (int ntok : {16, 64, 256}) {
+        const double us = time_us(runner.stream(), 20, [&] {
+          for (const auto* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+            runner.matmul(*w, gx, ntok, gy);
+        });
+        const double gbps = layer_bytes / (us * 1e-6) / 1e9, tflops = layer_flop_per_tok * ntok / (us * 1e-6) / 1e12;
+        std::printf("  %4d tokens: %7.1f us  %6.0f GB/s of weights (%4.1f%% of probe)  %5.0f TFLOP/s\n", ntok, us, gbps,
+                    100 * gbps / bw, tflops);
+        gemm_json << (first_gemm ? "" : ",") << "\"" << ntok << "\":{\"us\":" << us << ",\"gbps\":" << gbps
+                  << ",\"tflops\":" << tflops << "}";
+        first_gemm = false;
+      }
+      cudaFree(gx);
+      cudaFree(gy);
+    }
+
     // One 2048-token prompt, prefilled as one chunk (twice; the second is reported).
     double prefill_s = 0;
     for (int rep = 0; rep < 2; ++rep) {
@@ -679,7 +712,7 @@ int main(int argc, char** argv) {
       << ",\"prefill_tok_s\":" << prefill_tps << ",\"compute_bound_batch\":" << compute_bound_batch
       << ",\"ridge_batch_theory\":" << ridge << ",\"graphs_captured\":" << runner.num_captured_graphs()
       << ",\"sweep\":[" << sweep_json.str() << "],\"micro_b1\":" << micro_json << ",\"decode_ab\":["
-      << ab_json.str() << "]}\n";
+      << ab_json.str() << "],\"layer_gemm\":{" << gemm_json.str() << "}}\n";
     std::printf("wrote %s\n", a.out.c_str());
     cudaStreamDestroy(stream);
   } catch (const std::exception& e) {

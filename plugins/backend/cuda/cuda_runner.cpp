@@ -335,7 +335,7 @@ bool CudaRunner::use_gemv(const DeviceMatrix& w, int64_t ntok) const {
   return ntok <= (dense ? 2 : 8);
 }
 
-void CudaRunner::matmul(const DeviceMatrix& w, const float* x, int64_t ntok, float* y) {
+void CudaRunner::matmul(const DeviceMatrix& w, const float* x, int64_t ntok, float* y, bool x_converted) {
   if (use_gemv(w, ntok)) {
     gemv(w.format, w.data, w.rows, w.cols, x, ntok, y, stream_);
     return;
@@ -347,7 +347,7 @@ void CudaRunner::matmul(const DeviceMatrix& w, const float* x, int64_t ntok, flo
     dequantize(w.format, w.data, w.rows, w.cols, weight16_, false, stream_);
     w16 = weight16_;
   }
-  convert_f32(x, act16_, ntok * w.cols, bf16, stream_);
+  if (!x_converted) convert_f32(x, act16_, ntok * w.cols, bf16, stream_);
   const float one = 1.0f, zero = 0.0f;
   const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
   check_cublas(cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), static_cast<int>(ntok),
@@ -392,9 +392,12 @@ void CudaRunner::enqueue(const Step& st) {
                                  {w.wv.data, w.wv.rows, v_, nullptr}};
       gemv_multi(w.wq.format, qkv, 3, w.wq.cols, h_, n, stream_);
     } else {
+      // On the cuBLAS path h_ is converted to 16 bits once for the three (same input, and
+      // the same 16-bit type when the three formats match).
+      const bool shared16 = !use_gemv(w.wq, n) && w.wk.format == w.wq.format && w.wv.format == w.wq.format;
       matmul(w.wq, h_, n, q_);
-      matmul(w.wk, h_, n, k_);
-      matmul(w.wv, h_, n, v_);
+      matmul(w.wk, h_, n, k_, shared16);
+      matmul(w.wv, h_, n, v_, shared16);
     }
     if (w.bq) add_bias(q_, w.bq, n, q_dim, stream_);
     if (w.bk) add_bias(k_, w.bk, n, kv_dim, stream_);
@@ -416,8 +419,9 @@ void CudaRunner::enqueue(const Step& st) {
     if (fuse && use_gemv(w.w_gate, n) && w.w_up.format == w.w_gate.format) {
       gemv_swiglu(w.w_gate.format, w.w_gate.data, w.w_up.data, w.w_gate.rows, w.w_gate.cols, h_, n, gate_, stream_);
     } else {
+      const bool shared16 = !use_gemv(w.w_gate, n) && w.w_up.format == w.w_gate.format;
       matmul(w.w_gate, h_, n, gate_);
-      matmul(w.w_up, h_, n, up_);
+      matmul(w.w_up, h_, n, up_, shared16);
       silu_mul(gate_, up_, n * s.ffn_dim, stream_);
     }
     if (fuse && use_gemv(w.w_down, n)) {

@@ -101,6 +101,13 @@ class CudaRunner final : public ForwardRunner {
   int32_t num_captured_graphs() const { return static_cast<int32_t>(graphs_.size()); }
   int64_t num_graph_replays() const { return graph_replays_; }
 
+  // y[ntok][w.rows] = x[ntok][w.cols] . W^T on the runner's stream: the GEMV kernels up to the
+  // crossover (gemv_max_tokens), cuBLAS above. `x_converted` says the 16-bit copy of x from
+  // the previous cuBLAS call of this step is still current (same x, same 16-bit type), so a
+  // group of matmuls sharing an input (Q/K/V, gate/up) converts it once. Public for the
+  // benchmark's per-shape timings.
+  void matmul(const DeviceMatrix& w, const float* x, int64_t ntok, float* y, bool x_converted = false);
+
  private:
   struct StepLayout {
     size_t tokens = 0, positions = 0, slots = 0, logit_rows = 0, params = 0, seqs = 0, tables = 0,
@@ -118,7 +125,6 @@ class CudaRunner final : public ForwardRunner {
   // sampling); captured as a graph for padded decode batches.
   void enqueue(const Step& step);
   bool use_gemv(const DeviceMatrix& w, int64_t ntok) const;
-  void matmul(const DeviceMatrix& w, const float* x, int64_t ntok, float* y);
 
   std::shared_ptr<DeviceModel> model_;
   KvLayout layout_;

@@ -178,6 +178,8 @@ decode_split_kernel(AttnShape sh, const AttnSeq* seqs, int num_splits, const flo
   __shared__ Smem<D> s;
   __shared__ int32_t q_row[kAttnRowsPerCta], q_head[kAttnRowsPerCta];
   const int split = blockIdx.x, kv_head = blockIdx.y, si = blockIdx.z;
+  allow_dependent_launch();
+  grid_dependency_wait();
   const AttnSeq seq = seqs[si];
   const int group = sh.num_heads / sh.num_kv_heads;  // <= kAttnRowsPerCta (checked on launch)
   const int ctx = seq.context_len;
@@ -211,6 +213,8 @@ template <int D>
 __global__ void decode_combine_kernel(AttnShape sh, const AttnSeq* seqs, int num_splits,
                                       const float* partials, float* out) {
   const int head = blockIdx.x, si = blockIdx.y, d = threadIdx.x;
+  allow_dependent_launch();
+  grid_dependency_wait();
   const float* p = partials + (static_cast<int64_t>(si) * sh.num_heads + head) * num_splits * (D + 2);
   float m = -INFINITY;
   for (int k = 0; k < num_splits; ++k) m = fmaxf(m, p[k * (D + 2)]);
@@ -298,11 +302,12 @@ void attention_decode(const AttnShape& sh, const AttnSeq* seqs, int32_t num_seqs
   const dim3 cgrid(sh.num_heads, num_seqs);
   float* partials = static_cast<float*>(scratch);
   if (sh.head_dim == 64) {
-    decode_split_kernel<64><<<grid, kWarps * 32, 0, stream>>>(sh, seqs, num_splits, q, k_pool, v_pool, partials);
-    decode_combine_kernel<64><<<cgrid, 64, 0, stream>>>(sh, seqs, num_splits, partials, out);
+    launch(decode_split_kernel<64>, grid, dim3(kWarps * 32), stream, sh, seqs, num_splits, q, k_pool, v_pool, partials);
+    launch(decode_combine_kernel<64>, cgrid, dim3(64), stream, sh, seqs, num_splits, partials, out);
   } else {
-    decode_split_kernel<128><<<grid, kWarps * 32, 0, stream>>>(sh, seqs, num_splits, q, k_pool, v_pool, partials);
-    decode_combine_kernel<128><<<cgrid, 128, 0, stream>>>(sh, seqs, num_splits, partials, out);
+    launch(decode_split_kernel<128>, grid, dim3(kWarps * 32), stream, sh, seqs, num_splits, q, k_pool, v_pool,
+           partials);
+    launch(decode_combine_kernel<128>, cgrid, dim3(128), stream, sh, seqs, num_splits, partials, out);
   }
   check_launch("attention_decode");
 }

@@ -29,7 +29,8 @@ void check(cudaError_t err, const char* what);
 void check_launch(const char* what);
 
 // Programmatic dependent launch (kernels 1.4, sm_90): while enabled on the calling thread,
-// gemv, gemv_multi, gemv_swiglu, rms_norm and rope_store_kv launch with CUDA's
+// gemv, gemv_multi, gemv_swiglu, rms_norm, rope_store_kv, attention_decode, gather_rows and
+// sample_rows launch with CUDA's
 // programmatic-stream-serialization attribute, so each may be scheduled while the kernel
 // before it drains (they wait for its results before reading them). Off by default; results
 // are the same bits either way. Works inside stream capture (CUDA graphs).

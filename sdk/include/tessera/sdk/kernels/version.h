@@ -21,7 +21,8 @@
 // 1.4 fused CUDA decode kernels in cuda.h: gemv_multi (up to three matrices per launch, a
 // residual added in the epilogue), gemv_swiglu (gate and up projections with silu_mul) and
 // rope_store_kv, each equal to the unfused calls bit for bit; set_programmatic_launch
-// (programmatic dependent launch for those kernels and rms_norm).
+// (programmatic dependent launch for those kernels, rms_norm, attention_decode, gather_rows
+// and sample_rows).
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
