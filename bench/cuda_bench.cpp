@@ -608,14 +608,15 @@ int main(int argc, char** argv) {
     // step), the fused ones, and the GEMV/cuBLAS crossover (gemv_max_tokens).
     std::ostringstream ab_json;
     {
-      struct Variant { const char* name; bool fused; int gemv_max; bool pdl; };
-      const Variant variants[] = {{"unfused, gemv<=8", false, 8, false}, {"fused, gemv<=8", true, 8, false},
-                                  {"fused, gemv<=1", true, 1, false},    {"fused, auto, no PDL", true, -1, false},
-                                  {"fused, auto, PDL", true, -1, true}};
+      struct Variant { const char* name; bool fused; int gemv_max; bool pdl; int splits; };
+      const Variant variants[] = {{"unfused, gemv<=8", false, 8, false, 0}, {"fused, gemv<=8", true, 8, false, 0},
+                                  {"fused, gemv<=1", true, 1, false, 0},    {"fused, auto, no PDL", true, -1, false, 0},
+                                  {"fused, auto, PDL", true, -1, true, 0},  {"auto, PDL, 2 splits", true, -1, true, 2},
+                                  {"auto, PDL, 8 splits", true, -1, true, 8}};
       const int ab_batches[] = {1, 2, 4, 8, 16};
       const int ab_seqs = 16;
       tessera::KvLayout ab_layout{block_size, ab_seqs * decode_blocks, tessera::KvDtype::kF16, tessera::KvDtype::kF16};
-      std::printf("decode step (ms) by path and batch:\n  %-18s", "path");
+      std::printf("decode step (ms) by path and batch:\n  %-22s", "path");
       for (int n : ab_batches) std::printf(" %8d", n);
       std::printf("\n");
       bool first_variant = true;
@@ -624,9 +625,11 @@ int main(int argc, char** argv) {
         o.fused_gemv = v.fused;
         o.gemv_max_tokens = v.gemv_max;
         o.programmatic_launch = v.pdl;
+        o.decode_splits = v.splits;
         o.graph_max_batch = ab_seqs;
-        tc::CudaRunner r(model, ab_layout, ab_seqs * a.prompt, decode_len, o, 0);
-        std::printf("  %-18s", v.name);
+        // The main runner's context limit, so the automatic split count is the same.
+        tc::CudaRunner r(model, ab_layout, ab_seqs * a.prompt, max_len, o, 0);
+        std::printf("  %-22s", v.name);
         bool wrote = false;
         try {
         ab_json << (first_variant ? "" : ",") << "{\"path\":\"" << v.name << "\",\"step_ms\":{";

@@ -49,6 +49,7 @@ TEST_CASE("decode split choice and scratch size") {
   CHECK(tc::choose_decode_splits(sh, 1, 4096, 132) > 1);   // one sequence: split the context
   CHECK(tc::choose_decode_splits(sh, 256, 4096, 132) == 1);  // enough CTAs already
   CHECK(tc::choose_decode_splits(sh, 1, 16, 132) == 1);     // nothing to split
+  CHECK(tc::choose_decode_splits(sh, 1, 160, 132) == 5);    // down to one 32-key tile per split
   for (int n : {1, 3, 64, 1000}) {
     const int s = tc::choose_decode_splits(sh, n, 2048, 132);
     CHECK(s >= 1);
