@@ -22,7 +22,8 @@
 // residual added in the epilogue), gemv_swiglu (gate and up projections with silu_mul) and
 // rope_store_kv, each equal to the unfused calls bit for bit; set_programmatic_launch
 // (programmatic dependent launch for those kernels, rms_norm, attention_decode, gather_rows
-// and sample_rows).
+// and sample_rows). rms_norm now reads float4 with up to 1024 threads: its double sum runs in
+// another order, which can move a result by one ulp only at a near rounding tie.
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
