@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "interleaved_x86_common.h"
 #include "quant_blocks.h"
 #include "tessera/sdk/kernels/ggml_types.h"
 
@@ -33,8 +34,9 @@ namespace {
 // registers hold 8 rows' float and int accumulators with room for the unpacking; formats with
 // more accumulators per row (F::kPassTokens) take fewer.
 constexpr int kMaxTokens = 8;
-// As in the 256-bit builds: prefetch distance for weights streamed from DRAM, and the weight
-// bytes of a panel that stays in L1 while every chunk of activation rows passes over it.
+// Prefetch distance for weights streamed from DRAM (the 256-bit builds moved to 8 KiB, measured
+// on their batch-1 decode; this build kept 4 KiB, not re-measured), and as in those builds the
+// weight bytes of a panel that stays in L1 while every chunk of activation rows passes over it.
 constexpr size_t kPrefetchBytes = 4096;
 constexpr size_t kPanelBytes = 16 * 1024;
 
@@ -274,17 +276,6 @@ struct Q6_KFormat {
   static __m512 min_scales(const Block&, const Block&) { return _mm512_setzero_ps(); }
 };
 
-inline float x_scale(const BlockQ8_0& x) { return _cvtsh_ss(x.d); }
-inline float x_scale(const BlockQ8_1& x) { return _cvtsh_ss(x.d); }
-inline float x_scale(const BlockQ8_K& x) { return x.d; }
-
-// Per activation block, converted once per call: d_x; s_x or the offset's whole term.
-struct XScales {
-  const float* d;
-  const float* s;
-  const int32_t* sum;
-};
-
 // Two groups of 8 rows (w0, w1) against T activation rows; y gets all 16 rows.
 template <class F, int T>
 void pair_pass(int64_t nb, const typename F::Block* w0, const typename F::Block* w1,
@@ -335,22 +326,11 @@ void pair_pass(int64_t nb, const typename F::Block* w0, const typename F::Block*
 
 #undef TESSERA_KEEP
 
-inline int32_t block_sum(const int8_t* qs) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
-  const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v),
-                                        _mm256_set1_epi16(1));
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
 // A trailing group of fewer than 16 rows goes to the 256-bit kernels (same bits).
 template <class F>
 void matmul_x16(int64_t nb, const typename F::Block* w, int64_t w_rows, const uint8_t* x,
                 size_t x_stride, int64_t x_rows, float* y, int64_t y_stride, int type_id) {
   using Block = typename F::Block;
-  using XBlock = typename F::XBlock;
   using PassFn = void (*)(int64_t, const Block*, const Block*, const uint8_t*, size_t,
                           const XScales*, bool, float*, int64_t);
   // pair_pass<F, 1> .. pair_pass<F, F::kPassTokens>.
@@ -359,20 +339,8 @@ void matmul_x16(int64_t nb, const typename F::Block* w, int64_t w_rows, const ui
   }(std::make_integer_sequence<int, F::kPassTokens>());
   const int64_t pairs = w_rows / 16;
   if (pairs > 0) {
-    thread_local std::vector<float> d, s;
-    thread_local std::vector<int32_t> sums;
-    const size_t n = static_cast<size_t>(nb * x_rows);
-    if (d.size() < n) d.resize(n);
-    if (F::kHasMin && s.size() < n) s.resize(n);
-    if (F::kOffset != 0 && sums.size() < n) sums.resize(n);
-    for (int64_t t = 0; t < x_rows; ++t) {
-      const auto* xb = reinterpret_cast<const XBlock*>(x + t * x_stride);
-      for (int64_t ib = 0; ib < nb; ++ib) {
-        d[t * nb + ib] = x_scale(xb[ib]);
-        if constexpr (F::kHasMin) s[t * nb + ib] = _cvtsh_ss(xb[ib].s);
-        if constexpr (F::kOffset != 0) sums[t * nb + ib] = F::kOffset * block_sum(xb[ib].qs);
-      }
-    }
+    thread_local XScaleTables tables;
+    tables.fill<F>(nb, x, x_stride, x_rows);
     const size_t pair_bytes = 2 * static_cast<size_t>(nb) * sizeof(Block);
     const int64_t panel_pairs =
         std::max<int64_t>(1, static_cast<int64_t>(kPanelBytes / pair_bytes));
@@ -381,11 +349,7 @@ void matmul_x16(int64_t nb, const typename F::Block* w, int64_t w_rows, const ui
       for (int64_t t0 = 0; t0 < x_rows; t0 += F::kPassTokens) {
         const int tt = static_cast<int>(std::min<int64_t>(F::kPassTokens, x_rows - t0));
         XScales xsc[kMaxTokens];
-        for (int t = 0; t < tt; ++t) {
-          const size_t at = static_cast<size_t>((t0 + t) * nb);
-          xsc[t] = {d.data() + at, F::kHasMin ? s.data() + at : nullptr,
-                    F::kOffset != 0 ? sums.data() + at : nullptr};
-        }
+        for (int t = 0; t < tt; ++t) xsc[t] = tables.row<F>(nb, t0 + t);
         const bool prefetch = t0 == 0;
         for (int64_t g = p0; g < p1; ++g) {
           const Block* w0 = w + 2 * g * nb;

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "interleaved_x86_common.h"
 #include "quant_blocks.h"
 
 #include "tessera/sdk/kernels/fp_contract_off.h"
@@ -355,18 +356,6 @@ struct K4Format {
 using Q4_KFormat = K4Format<BlockQ4_Kx8, false>;
 using Q5_KFormat = K4Format<BlockQ5_Kx8, true>;
 
-inline float x_scale(const BlockQ8_0& x) { return _cvtsh_ss(x.d); }
-inline float x_scale(const BlockQ8_1& x) { return _cvtsh_ss(x.d); }
-inline float x_scale(const BlockQ8_K& x) { return x.d; }
-
-// Per activation block, converted once per call: d_x; s_x (formats with a min) or sum(x)
-// (formats with an offset), times the offset.
-struct XScales {
-  const float* d;
-  const float* s;
-  const int32_t* sum;
-};
-
 // One group of 8 rows against T activation rows.
 template <class F, int T>
 void group_pass(int64_t nb, const typename F::Block* w, const uint8_t* x, size_t x_stride,
@@ -430,41 +419,16 @@ void group_pass(int64_t nb, const typename F::Block* w, const uint8_t* x, size_t
 
 #undef TESSERA_KEEP
 
-// Sum of the 32 quants of an activation block.
-inline int32_t block_sum(const int8_t* qs) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
-  const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v),
-                                        _mm256_set1_epi16(1));
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
 template <class F>
 void matmul_x8(int64_t nb, const typename F::Block* w, int64_t w_rows, const uint8_t* x,
                size_t x_stride, int64_t x_rows, float* y, int64_t y_stride) {
   using Block = typename F::Block;
-  using XBlock = typename F::XBlock;
   using PassFn = void (*)(int64_t, const Block*, const uint8_t*, size_t, const XScales*, bool,
                           float*, int64_t, int);
   constexpr PassFn kPasses[kMaxTokens] = {&group_pass<F, 1>, &group_pass<F, 2>,
                                           &group_pass<F, 3>, &group_pass<F, 4>};
-  thread_local std::vector<float> d, s;
-  thread_local std::vector<int32_t> sums;
-  const size_t n = static_cast<size_t>(nb * x_rows);
-  if (d.size() < n) d.resize(n);
-  if (F::kHasMin && s.size() < n) s.resize(n);
-  if (F::kOffset != 0 && sums.size() < n) sums.resize(n);
-  for (int64_t t = 0; t < x_rows; ++t) {
-    const auto* xb = reinterpret_cast<const XBlock*>(x + t * x_stride);
-    for (int64_t ib = 0; ib < nb; ++ib) {
-      d[t * nb + ib] = x_scale(xb[ib]);
-      if constexpr (F::kHasMin) s[t * nb + ib] = _cvtsh_ss(xb[ib].s);
-      // The offset's whole term, so the block loop broadcasts it straight from memory.
-      if constexpr (F::kOffset != 0) sums[t * nb + ib] = F::kOffset * block_sum(xb[ib].qs);
-    }
-  }
+  thread_local XScaleTables tables;
+  tables.fill<F>(nb, x, x_stride, x_rows);
   const int64_t groups = (w_rows + 7) / 8;
   const size_t group_bytes = static_cast<size_t>(nb) * sizeof(Block);
   const int64_t panel_groups = std::max<int64_t>(1, static_cast<int64_t>(kPanelBytes / group_bytes));
@@ -473,11 +437,7 @@ void matmul_x8(int64_t nb, const typename F::Block* w, int64_t w_rows, const uin
     for (int64_t t0 = 0; t0 < x_rows; t0 += kMaxTokens) {
       const int tt = static_cast<int>(std::min<int64_t>(kMaxTokens, x_rows - t0));
       XScales xsc[kMaxTokens];
-      for (int t = 0; t < tt; ++t) {
-        const size_t at = static_cast<size_t>((t0 + t) * nb);
-        xsc[t] = {d.data() + at, F::kHasMin ? s.data() + at : nullptr,
-                  F::kOffset != 0 ? sums.data() + at : nullptr};
-      }
+      for (int t = 0; t < tt; ++t) xsc[t] = tables.row<F>(nb, t0 + t);
       // Prefetching ahead pays when the weights come from DRAM, i.e. when each group is read
       // once per call; with several activation chunks per panel the later chunks find it in L1.
       const bool prefetch = t0 == 0;
