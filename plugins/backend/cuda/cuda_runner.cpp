@@ -357,6 +357,16 @@ void CudaRunner::matmul(const DeviceMatrix& w, const float* x, int64_t ntok, flo
                "cublasGemmEx");
 }
 
+void CudaRunner::add_projection(const DeviceMatrix& w, const float* in, int64_t n, bool fuse) {
+  if (fuse && use_gemv(w, n)) {  // the residual added in the GEMV's epilogue
+    const GemvTarget t{w.data, w.rows, x_, x_};
+    gemv_multi(w.format, &t, 1, w.cols, in, n, stream_);
+  } else {
+    matmul(w, in, n, h_);
+    add(x_, h_, n * w.rows, stream_);
+  }
+}
+
 void CudaRunner::enqueue(const Step& st) {
   const ModelShape& s = model_->shape;
   const DeviceModel& m = *model_;
@@ -408,13 +418,7 @@ void CudaRunner::enqueue(const Step& st) {
       attention_decode(sh, seqs, st.seqs, st.splits, q_, k_pool, v_pool, attn_, decode_scratch_, stream_);
     else
       attention_prefill(sh, seqs, work, st.num_work, q_, k_pool, v_pool, attn_, stream_);
-    if (fuse && use_gemv(w.wo, n)) {
-      const GemvTarget o{w.wo.data, w.wo.rows, x_, x_};
-      gemv_multi(w.wo.format, &o, 1, w.wo.cols, attn_, n, stream_);
-    } else {
-      matmul(w.wo, attn_, n, h_);
-      add(x_, h_, n * d, stream_);
-    }
+    add_projection(w.wo, attn_, n, fuse);
     rms_norm(h_, x_, w.ffn_norm, n, d, s.rms_eps, stream_);
     if (fuse && use_gemv(w.w_gate, n) && w.w_up.format == w.w_gate.format) {
       gemv_swiglu(w.w_gate.format, w.w_gate.data, w.w_up.data, w.w_gate.rows, w.w_gate.cols, h_, n, gate_, stream_);
@@ -424,13 +428,7 @@ void CudaRunner::enqueue(const Step& st) {
       matmul(w.w_up, h_, n, up_, shared16);
       silu_mul(gate_, up_, n * s.ffn_dim, stream_);
     }
-    if (fuse && use_gemv(w.w_down, n)) {
-      const GemvTarget down{w.w_down.data, w.w_down.rows, x_, x_};
-      gemv_multi(w.w_down.format, &down, 1, w.w_down.cols, gate_, n, stream_);
-    } else {
-      matmul(w.w_down, gate_, n, h_);
-      add(x_, h_, n * d, stream_);
-    }
+    add_projection(w.w_down, gate_, n, fuse);
   }
   if (st.logit_rows == 0) return;
   gather_rows(logit_in_, x_, logit_rows, st.logit_rows, d, stream_);

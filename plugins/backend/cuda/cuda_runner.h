@@ -125,6 +125,8 @@ class CudaRunner final : public ForwardRunner {
   // sampling); captured as a graph for padded decode batches.
   void enqueue(const Step& step);
   bool use_gemv(const DeviceMatrix& w, int64_t ntok) const;
+  // x_ += in . W^T (the output and down projections into the residual stream).
+  void add_projection(const DeviceMatrix& w, const float* in, int64_t n, bool fuse);
 
   std::shared_ptr<DeviceModel> model_;
   KvLayout layout_;
