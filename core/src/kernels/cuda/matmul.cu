@@ -32,13 +32,6 @@ __device__ __forceinline__ void unpack8(const uint4& v, const __half*, float* f)
 }
 
 
-// Dot products of R weight rows (R = 1, or 2 for a SwiGLU gate/up pair) with NT activation
-// rows, accumulated per lane; the caller reduces over the warp.
-//
-// Dense weights (f32, f16, bf16): each lane streams chunks of 8 elements of the row (16-byte
-// loads, weights are read once: __ldcs), unrolled so several loads are in flight; x goes
-// through the read-only cache (shared by all rows of the CTA and by neighbouring CTAs) and is
-// loaded once for the R rows.
 // Raw 16-byte words of 8 weights (two words for f32), kept packed in registers until used so a
 // deep unroll stays cheap in registers, then widened to floats.
 template <class T>
@@ -63,6 +56,13 @@ __device__ __forceinline__ void widen(const Chunk<T>& c, float* f) {
   }
 }
 
+// Dot products of R weight rows (R = 1, or 2 for a SwiGLU gate/up pair) with NT activation
+// rows, accumulated per lane; the caller reduces over the warp.
+//
+// Dense weights (f32, f16, bf16): each lane streams chunks of 8 elements of the row (16-byte
+// loads, weights are read once: __ldcs), unrolled so several loads are in flight; x goes
+// through the read-only cache (shared by all rows of the CTA and by neighbouring CTAs) and is
+// loaded once for the R rows.
 template <class T, int NT, int R>
 __device__ __forceinline__ void dense_row_dots(const uint8_t* const (&rows)[R], int64_t cols, const float* x,
                                                int lane, float (&acc)[R][NT]) {
