@@ -58,6 +58,24 @@ std::vector<int> parse_list(const std::string& s) {
   return v;
 }
 
+// Mean time of `fn` (enqueued on `stream`) over `reps` runs after a warm-up, by CUDA events.
+template <class Fn>
+double time_us(cudaStream_t stream, int reps, Fn fn) {
+  fn();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a, stream);
+  for (int i = 0; i < reps; ++i) fn();
+  cudaEventRecord(b, stream);
+  tc::check(cudaEventSynchronize(b), "micro timing");
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 1e3 * ms / reps;
+}
+
 double measure_bandwidth_gbps() {
   const size_t bytes = 4ull << 30;
   void* buf = nullptr;
@@ -65,20 +83,10 @@ double measure_bandwidth_gbps() {
   tc::check(cudaMalloc(&buf, bytes), "cudaMalloc (probe)");
   tc::check(cudaMalloc(reinterpret_cast<void**>(&sink), sizeof(float) * tc::kProbeBlocks), "cudaMalloc");
   tc::check(cudaMemset(buf, 1, bytes), "cudaMemset");
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  tc::read_bandwidth_probe(buf, bytes, sink, nullptr);  // warm-up
-  const int reps = 10;
-  cudaEventRecord(a);
-  for (int i = 0; i < reps; ++i) tc::read_bandwidth_probe(buf, bytes, sink, nullptr);
-  cudaEventRecord(b);
-  cudaEventSynchronize(b);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
+  const double us = time_us(nullptr, 10, [&] { tc::read_bandwidth_probe(buf, bytes, sink, nullptr); });
   cudaFree(buf);
   cudaFree(sink);
-  return static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
+  return static_cast<double>(bytes) / (us * 1e-6) / 1e9;
 }
 
 // Sequences with their own block ranges in the pool.
@@ -343,24 +351,6 @@ int dump_kernels(const std::string& dir) {
   std::ofstream(dir + "/meta.json") << "{" << d.meta.str() << "}\n";
   std::printf("kernel dumps written to %s (device memory of this mode is not freed: it exits)\n", dir.c_str());
   return 0;
-}
-
-// Mean time of `fn` (enqueued on `stream`) over `reps` runs after a warm-up, by CUDA events.
-template <class Fn>
-double time_us(cudaStream_t stream, int reps, Fn fn) {
-  fn();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  cudaEventRecord(a, stream);
-  for (int i = 0; i < reps; ++i) fn();
-  cudaEventRecord(b, stream);
-  tc::check(cudaEventSynchronize(b), "micro timing");
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return 1e3 * ms / reps;
 }
 
 // Each kernel of a batch-1 decode step on its own (layer 0's weights, back-to-back launches
