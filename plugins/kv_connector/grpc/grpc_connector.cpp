@@ -1,5 +1,6 @@
 // kv_connector.grpc: moves a prefill's first token and KV rows between engine processes over
-// gRPC (Debian libgrpc++), one bidirectional stream per request (kv_transfer.proto).
+// gRPC (Debian libgrpc++), one bidirectional stream per request (kv_transfer.proto); and, for
+// replicas, whole requests from a gateway to an engine process, one server stream each.
 #include <zlib.h>
 
 #include <grpcpp/grpcpp.h>
@@ -28,6 +29,12 @@ const ParamSpec kParams[] = {
      1 << 20, 2.0 * (1u << 30)},
     {"connect_timeout", ParamType::kDuration, "2s",
      "how long a call waits for the prefill engine's connection before it counts as unavailable", 0.01, 60},
+    {"keepalive", ParamType::kDuration, "1s",
+     "how often a caller pings an engine it has calls open with; a peer that does not answer "
+     "within the same time fails those calls (kUnavailable), so a cut link or a host that "
+     "vanished without closing its connections is noticed in about twice this (0: no pings, "
+     "such calls wait for their deadline)",
+     0, 3600},
     {"fault_corrupt_layer", ParamType::kInt, "-1",
      "fault injection for tests: the prefill side flips one byte of this layer's K payload after "
      "computing its checksum, so the decode side must detect it (-1: off)",
@@ -49,7 +56,7 @@ uint32_t crc32_of(const std::string& bytes) {
 }
 
 Status from_grpc(const grpc::Status& st, const std::string& address) {
-  const std::string where = "prefill engine " + address + ": ";
+  const std::string where = "engine " + address + ": ";
   switch (st.error_code()) {
     case grpc::StatusCode::OK: return Status::ok();
     case grpc::StatusCode::UNAVAILABLE: return unavailable(where + st.error_message());
@@ -114,16 +121,26 @@ SamplingParams from_proto(const pb::Sampling& s) {
   return p;
 }
 
-void to_proto(const PrefillResult& r, pb::Prefilled* out) {
-  for (const SampledToken& t : r.tokens) {
-    pb::Token* pt = out->add_tokens();
-    pt->set_id(t.token);
-    pt->set_logprob(t.logprob);
-    for (const TokenLogprob& alt : t.top) {
-      pt->add_top_ids(alt.token);
-      pt->add_top_logprobs(alt.logprob);
-    }
+void to_proto(const SampledToken& t, pb::Token* pt) {
+  pt->set_id(t.token);
+  pt->set_logprob(t.logprob);
+  for (const TokenLogprob& alt : t.top) {
+    pt->add_top_ids(alt.token);
+    pt->add_top_logprobs(alt.logprob);
   }
+}
+
+SampledToken from_proto(const pb::Token& pt) {
+  SampledToken t;
+  t.token = pt.id();
+  t.logprob = pt.logprob();
+  for (int i = 0; i < pt.top_ids_size() && i < pt.top_logprobs_size(); ++i)
+    t.top.push_back({pt.top_ids(i), pt.top_logprobs(i)});
+  return t;
+}
+
+void to_proto(const PrefillResult& r, pb::Prefilled* out) {
+  for (const SampledToken& t : r.tokens) to_proto(t, out->add_tokens());
   out->set_finish(r.finish == FinishReason::kNone   ? pb::Prefilled::NONE
                   : r.finish == FinishReason::kStop ? pb::Prefilled::STOP
                                                     : pb::Prefilled::ERROR);
@@ -137,14 +154,7 @@ void to_proto(const PrefillResult& r, pb::Prefilled* out) {
 
 PrefillResult from_proto(const pb::Prefilled& p) {
   PrefillResult r;
-  for (const pb::Token& pt : p.tokens()) {
-    SampledToken t;
-    t.token = pt.id();
-    t.logprob = pt.logprob();
-    for (int i = 0; i < pt.top_ids_size() && i < pt.top_logprobs_size(); ++i)
-      t.top.push_back({pt.top_ids(i), pt.top_logprobs(i)});
-    r.tokens.push_back(std::move(t));
-  }
+  for (const pb::Token& pt : p.tokens()) r.tokens.push_back(from_proto(pt));
   r.finish = p.finish() == pb::Prefilled::NONE   ? FinishReason::kNone
              : p.finish() == pb::Prefilled::STOP ? FinishReason::kStop
                                                  : FinishReason::kError;
@@ -157,14 +167,79 @@ PrefillResult from_proto(const pb::Prefilled& p) {
   return r;
 }
 
+void to_proto(const RemoteEvent& e, pb::GenerateEvent* out) {
+  out->set_choice(e.choice);
+  for (const SampledToken& t : e.tokens) to_proto(t, out->add_tokens());
+  out->set_finished(e.finished);
+  out->set_finish_reason(static_cast<int32_t>(e.finish_reason));
+  out->set_error_code(static_cast<int32_t>(e.error.code()));
+  out->set_error(e.error.message());
+  out->set_num_prompt_tokens(e.num_prompt_tokens);
+  out->set_num_cached_prompt_tokens(e.num_cached_prompt_tokens);
+  out->set_num_draft_tokens(e.num_draft_tokens);
+  out->set_num_accepted_draft_tokens(e.num_accepted_draft_tokens);
+  for (const SampledToken& t : e.prompt_logprobs) to_proto(t, out->add_prompt_logprobs());
+}
+
+RemoteEvent from_proto(const pb::GenerateEvent& p) {
+  RemoteEvent e;
+  e.choice = p.choice();
+  for (const pb::Token& pt : p.tokens()) e.tokens.push_back(from_proto(pt));
+  e.finished = p.finished();
+  const int32_t reason = p.finish_reason();
+  e.finish_reason = reason >= 0 && reason <= static_cast<int32_t>(FinishReason::kError) ? static_cast<FinishReason>(reason)
+                                                                                        : FinishReason::kError;
+  if (e.finish_reason == FinishReason::kError)
+    e.error = Status(p.error_code() == 0 ? StatusCode::kInternal : static_cast<StatusCode>(p.error_code()), p.error());
+  e.num_prompt_tokens = p.num_prompt_tokens();
+  e.num_cached_prompt_tokens = p.num_cached_prompt_tokens();
+  e.num_draft_tokens = p.num_draft_tokens();
+  e.num_accepted_draft_tokens = p.num_accepted_draft_tokens();
+  for (const pb::Token& pt : p.prompt_logprobs()) e.prompt_logprobs.push_back(from_proto(pt));
+  return e;
+}
+
+void set_timeout(grpc::ClientContext* ctx, double seconds) {
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
+}
+
+const grpc::Status kDraining{grpc::StatusCode::UNAVAILABLE, "the engine is draining (shutting down): it takes no new requests"};
+
 // The prefill side: one handler thread per call (gRPC's synchronous server).
 class TransferService final : public pb::KvTransfer::Service {
  public:
   TransferService(KvPrefillHost* host, int32_t corrupt_layer) : host_(host), corrupt_layer_(corrupt_layer) {}
 
   grpc::Status Info(grpc::ServerContext*, const pb::InfoRequest*, pb::InfoReply* reply) override {
+    if (host_->draining()) return kDraining;  // health probes steer callers elsewhere
     reply->set_fingerprint(host_->fingerprint());
     return grpc::Status::OK;
+  }
+
+  grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateCall* call,
+                        grpc::ServerWriter<pb::GenerateEvent>* writer) override {
+    if (host_->draining()) return kDraining;
+    const std::string mine = host_->fingerprint();
+    if (call->fingerprint() != mine)
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              "model or KV layout mismatch: this engine serves '" + mine + "', the gateway has '" +
+                  call->fingerprint() + "'"};
+    RemoteGenerateRequest request;
+    request.request_id = call->request_id();
+    request.prompt.assign(call->prompt().begin(), call->prompt().end());
+    request.params = from_proto(call->sampling());
+    request.params.max_tokens = call->max_tokens();
+    request.n = call->n();
+    request.prompt_logprobs = call->prompt_logprobs();
+    request.fingerprint = call->fingerprint();
+    Status st = host_->generate(
+        request, [ctx] { return ctx->IsCancelled(); },
+        [writer](const RemoteEvent& event) {
+          pb::GenerateEvent msg;
+          to_proto(event, &msg);
+          return writer->Write(msg);
+        });
+    return to_grpc(st);
   }
 
   grpc::Status Prefill(grpc::ServerContext* ctx,
@@ -172,6 +247,7 @@ class TransferService final : public pb::KvTransfer::Service {
     pb::ClientMessage first;
     if (!stream->Read(&first) || !first.has_call())
       return {grpc::StatusCode::INVALID_ARGUMENT, "the first message of a Prefill call must be a PrefillCall"};
+    if (host_->draining()) return kDraining;
     const pb::PrefillCall& call = first.call();
     const std::string mine = host_->fingerprint();
     if (call.fingerprint() != mine)
@@ -221,15 +297,17 @@ class TransferService final : public pb::KvTransfer::Service {
 
 class GrpcConnector final : public KvConnector {
  public:
-  GrpcConnector(int64_t max_message_bytes, double connect_timeout, int32_t corrupt_layer)
+  GrpcConnector(int64_t max_message_bytes, double connect_timeout, double keepalive, int32_t corrupt_layer)
       : max_message_bytes_(static_cast<int>(std::min<int64_t>(max_message_bytes, INT32_MAX))),
         connect_timeout_(connect_timeout),
+        keepalive_ms_(static_cast<int>(keepalive * 1000)),
         corrupt_layer_(corrupt_layer) {}
   ~GrpcConnector() override { shutdown(); }
 
   static Status create(const PluginConfig& config, const PluginContext&, std::unique_ptr<KvConnector>* out) {
     *out = std::make_unique<GrpcConnector>(config.get_int("max_message_bytes", 256 << 20),
                                            config.get_float("connect_timeout", 2.0),
+                                           config.get_float("keepalive", 1.0),
                                            static_cast<int32_t>(config.get_int("fault_corrupt_layer", -1)));
     return Status::ok();
   }
@@ -244,6 +322,10 @@ class GrpcConnector final : public KvConnector {
     builder.SetMaxReceiveMessageSize(max_message_bytes_);
     builder.SetMaxSendMessageSize(max_message_bytes_);
     builder.RegisterService(service_.get());
+    // Callers ping while their calls are open (keepalive): accept pings that often, without
+    // counting them as abuse (the default answers a second ping within 5 min with GOAWAY).
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 100);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) {
       server_.reset();
@@ -268,8 +350,7 @@ class GrpcConnector final : public KvConnector {
                         KvImportSink* sink) override {
     std::shared_ptr<pb::KvTransfer::Stub> stub = stub_for(address);
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::microseconds(static_cast<int64_t>(request.timeout_seconds * 1e6)));
+    set_timeout(&ctx, request.timeout_seconds);
     sink->on_cancel_available([&ctx] { ctx.TryCancel(); });
     if (Status st = wait_connected(address); !st.is_ok()) return st;
     auto stream = stub->Prefill(&ctx);
@@ -323,11 +404,43 @@ class GrpcConnector final : public KvConnector {
     return from_grpc(stream->Finish(), address);
   }
 
+  Status remote_generate(const std::string& address, const RemoteGenerateRequest& request,
+                         RemoteEventSink* sink) override {
+    std::shared_ptr<pb::KvTransfer::Stub> stub = stub_for(address);
+    grpc::ClientContext ctx;
+    set_timeout(&ctx, request.timeout_seconds);
+    sink->on_cancel_available([&ctx] { ctx.TryCancel(); });
+    if (Status st = wait_connected(address); !st.is_ok()) return st;
+    pb::GenerateCall call;
+    call.set_request_id(request.request_id);
+    for (TokenId t : request.prompt) call.add_prompt(t);
+    to_proto(request.params, call.mutable_sampling());
+    call.set_max_tokens(request.params.max_tokens);
+    call.set_n(request.n);
+    call.set_prompt_logprobs(request.prompt_logprobs);
+    call.set_fingerprint(request.fingerprint);
+    std::unique_ptr<grpc::ClientReader<pb::GenerateEvent>> reader = stub->Generate(&ctx, call);
+    pb::GenerateEvent msg;
+    int32_t finished = 0;
+    while (reader->Read(&msg)) {
+      const RemoteEvent event = from_proto(msg);
+      if (event.finished) ++finished;
+      if (Status st = sink->on_event(event); !st.is_ok()) {
+        ctx.TryCancel();
+        reader->Finish();
+        return st;
+      }
+    }
+    Status st = from_grpc(reader->Finish(), address);
+    if (st.is_ok() && finished < std::max(1, request.n))
+      st = unavailable("engine " + address + ": the stream ended before every sample finished");
+    return st;
+  }
+
   Status probe(const std::string& address, std::string* fingerprint) override {
     if (Status st = wait_connected(address); !st.is_ok()) return st;
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::microseconds(static_cast<int64_t>(connect_timeout_ * 1e6)));
+    set_timeout(&ctx, connect_timeout_);
     pb::InfoRequest req;
     pb::InfoReply reply;
     grpc::Status st = stub_for(address)->Info(&ctx, req, &reply);
@@ -348,6 +461,13 @@ class GrpcConnector final : public KvConnector {
       // Reconnect quickly after a prefill engine restarts (the default backoff reaches 2 min).
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      if (keepalive_ms_ > 0) {
+        // A peer behind a cut link never closes its connection: only an unanswered ping
+        // ends the calls waiting on it.
+        args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms_);
+        args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms_);
+        args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+      }
       entry.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
       entry.stub = pb::KvTransfer::NewStub(entry.channel);
     }
@@ -364,7 +484,7 @@ class GrpcConnector final : public KvConnector {
     const auto deadline = std::chrono::system_clock::now() +
                           std::chrono::microseconds(static_cast<int64_t>(connect_timeout_ * 1e6));
     if (!channel->WaitForConnected(deadline))
-      return unavailable("prefill engine " + address + ": not reachable within " +
+      return unavailable("engine " + address + ": not reachable within " +
                          std::to_string(connect_timeout_) + " s");
     return Status::ok();
   }
@@ -376,6 +496,7 @@ class GrpcConnector final : public KvConnector {
 
   int max_message_bytes_;
   double connect_timeout_;
+  int keepalive_ms_;
   int32_t corrupt_layer_;
   std::mutex server_mutex_;
   std::unique_ptr<TransferService> service_;

@@ -32,6 +32,9 @@
 // (appended); the host reads appended manifest fields and the ParamSpec table by those sizes
 // (manifest_has_field, manifest_param). TESSERA_PLUGIN_MANIFEST_HEADER. The layout rules per
 // struct are recorded in sdk/abi.layout and checked by the test unit_test_sdk_layout.
+// 2.11 replicas: KvPrefillHost::generate and ::draining, KvConnector::remote_generate
+// (virtuals with defaults, appended), RemoteGenerateRequest, RemoteEvent, RemoteEventSink;
+// RouteRequest::candidates (appended) and RouteCandidate.
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -45,7 +48,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 10
+#define TESSERA_SDK_ABI_MINOR 11
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

@@ -7,6 +7,12 @@
 // owns both engines' KV memory and the request's life; the connector owns only the wire:
 // serving a prefill host, calling a remote one, framing, checksums, deadlines.
 //
+// Replicas (SDK 2.11) use the same transport for whole requests: a gateway in front of several
+// engine processes of one deployment calls remote_generate, and each engine process's
+// connector serves KvPrefillHost::generate, streaming the request's tokens back as they are
+// sampled. A draining host (the process got SIGTERM) refuses new calls and fails health
+// probes, while the calls it is running go on to their end.
+//
 // A layer's payload is token-major: for each prompt token in order, that token's K row of
 // every KV head back to back in the pool's dtype (tessera/sdk/kv_rows.h), num_kv_tokens rows
 // in all; V likewise. Both sides' pools may use different block sizes: rows are gathered
@@ -56,6 +62,46 @@ struct PrefillResult {
   double prefill_seconds = 0;  // queue + compute at the prefill engine
 };
 
+// Replicas (SDK 2.11): one whole request for a remote engine process.
+struct RemoteGenerateRequest {
+  std::string request_id;       // the gateway's id, for both sides' logs
+  std::vector<TokenId> prompt;
+  SamplingParams params;        // max_tokens included
+  int32_t n = 1;                // independent samples (GenerationRequest::n)
+  int32_t prompt_logprobs = -1; // GenerationRequest::prompt_logprobs
+  // The caller's model and KV layout fingerprint; a host with a different one refuses the
+  // request, naming both.
+  std::string fingerprint;
+  double timeout_seconds = 600; // the whole call
+};
+
+// One engine event of a remote request, as the engine's GenerationEvent has it (timings stay
+// with each side: the caller keeps its own clock).
+struct RemoteEvent {
+  int32_t choice = 0;
+  std::vector<SampledToken> tokens;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  Status error;                 // when finish_reason is kError
+  int32_t num_prompt_tokens = 0;
+  int32_t num_cached_prompt_tokens = 0;
+  int32_t num_draft_tokens = 0;
+  int32_t num_accepted_draft_tokens = 0;
+  std::vector<SampledToken> prompt_logprobs;
+};
+
+// The caller's side of one remote request, implemented by the host.
+class RemoteEventSink {
+ public:
+  virtual ~RemoteEventSink() = default;
+  // As KvImportSink::on_cancel_available: a function that aborts the call from any thread,
+  // valid until remote_generate returns (which then returns kCancelled).
+  virtual void on_cancel_available(std::function<void()> cancel) = 0;
+  // Each event, in order, from the calling thread of remote_generate. A non-ok return
+  // cancels the remote request and remote_generate returns it.
+  virtual Status on_event(const RemoteEvent& event) = 0;
+};
+
 // One finished prefill whose blocks the prefill engine holds for the transfer. Destroying
 // the handle releases them (the transfer was acknowledged, or abandoned).
 class KvExportHandle {
@@ -77,6 +123,21 @@ class KvPrefillHost {
   // (polled) turns true when the caller went away, and the prefill is then abandoned.
   virtual Status prefill(const RemotePrefillRequest& request, const std::function<bool()>& cancelled,
                          std::unique_ptr<KvExportHandle>* out) = 0;
+  // Replicas (SDK 2.11): runs a whole request on this engine, calling `emit` with each event
+  // in order on the calling connector thread, and returns once every sample finished (ok),
+  // or with the error that kept it from starting (the engine's checks; kUnavailable while
+  // draining). `cancelled` (polled) turns true when the caller went away: the request is
+  // cancelled. `emit` returning false means the caller is gone, likewise. The default serves
+  // no replicas.
+  virtual Status generate(const RemoteGenerateRequest& request, const std::function<bool()>& cancelled,
+                          const std::function<bool(const RemoteEvent&)>& emit) {
+    (void)request, (void)cancelled, (void)emit;
+    return unimplemented("this engine host does not serve whole requests (replicas)");
+  }
+  // (SDK 2.11) True once the process drains: new prefills and generations are refused with
+  // kUnavailable and the connector answers health probes with kUnavailable, so callers go to
+  // another engine, while calls in flight run to their end.
+  virtual bool draining() const { return false; }
 };
 
 // The decode side of one transfer, implemented by the host.
@@ -112,6 +173,16 @@ class KvConnector {
                                 KvImportSink* sink) = 0;
   // The fingerprint served at `address` (health checks; refusing a mismatch at startup).
   virtual Status probe(const std::string& address, std::string* fingerprint) = 0;
+  // Replicas (SDK 2.11): one whole request at `address`, blocking the calling thread while
+  // its events arrive in `sink`, until the last sample finished (ok) or the call failed:
+  // kUnavailable (the engine cannot be reached, is draining, or went away mid-stream),
+  // kDeadlineExceeded, kFailedPrecondition (fingerprints differ, both named), kCancelled, or
+  // what the remote host or the sink returned. Thread-safe. The default has no replicas.
+  virtual Status remote_generate(const std::string& address, const RemoteGenerateRequest& request,
+                                 RemoteEventSink* sink) {
+    (void)address, (void)request, (void)sink;
+    return unimplemented("this kv_connector does not carry whole requests (replicas)");
+  }
 };
 
 template <> struct PluginKindOf<KvConnector> {

@@ -1,5 +1,7 @@
 // router plugins choose the deployment (model engine) that serves a request: by a complexity
-// classifier, an A/B split, or prefix-cache affinity.
+// classifier, an A/B split, or prefix-cache affinity. A replicated deployment uses a router
+// too, to choose one of its replicas (configure() gets the replica names, route() the
+// healthy ones as candidates).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,13 @@
 
 namespace tessera {
 
+// A deployment (or a replica of one) that may serve a request now, with the requests it has in
+// flight from this gateway. (ABI 2.11)
+struct RouteCandidate {
+  std::string_view name;
+  int32_t in_flight = 0;
+};
+
 struct RouteRequest {
   uint64_t request_id = 0;
   std::string_view prompt;            // rendered prompt text
@@ -22,6 +31,10 @@ struct RouteRequest {
   // stack has an `embedding:` model and the prompt has text; empty otherwise. The gateway
   // computes it once per request and the semantic cache layers reuse it. (ABI 2.6)
   std::span<const float> embedding;
+  // The names route() may choose from now (the healthy replicas of a replicated deployment,
+  // with their load), a subset of those configure() was given; empty: any of them. Routers
+  // that choose among replicas (prefix-affinity) read it; the others may ignore it. (ABI 2.11)
+  std::span<const RouteCandidate> candidates;
 };
 
 // One sample of a router's own metrics (Prometheus text); the gateway adds a `router` label.
