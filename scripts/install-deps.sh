@@ -14,6 +14,7 @@ packages=(
   wordnet-base  # the semantic-cache bench's paraphrase pairs (bench/make_paraphrase_pairs.py)
   python3 python3-pip
   chromium                     # headless, for the /dashboard test (tests/integration/test_server_dashboard.py)
+  iproute2                     # `ip netns`: the second "host" of tests/integration/test_second_host.py
 )
 
 missing=()

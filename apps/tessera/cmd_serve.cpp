@@ -111,6 +111,16 @@ void run_serve(const ServeOptions& opt) {
       std::fprintf(stderr, "tessera serve: deployment \"%s\" decodes; prompts are prefilled at %s\n",
                    d->name().c_str(), list.c_str());
     }
+  for (const std::string& endpoint : gateway.replica_endpoints())
+    std::fprintf(stderr, "tessera serve: replica engine %s serves gateways' requests (replicas)\n", endpoint.c_str());
+  for (size_t i = 0; i < gateway.num_deployments(); ++i)
+    if (ReplicatedDeployment* d = gateway.replicated(gateway.deployment(i).name())) {
+      std::string list;
+      for (const ReplicaStatus& r : d->replicas())
+        list += (list.empty() ? "" : ", ") + r.name + (r.healthy ? "" : " (unhealthy)");
+      std::fprintf(stderr, "tessera serve: deployment \"%s\" is served by replicas %s, chosen by %s\n",
+                   d->name().c_str(), list.c_str(), d->router_plugin().c_str());
+    }
   std::fflush(stderr);
 
   // Graceful shutdown, polled: in-flight requests get shutdown_timeout to finish, then are
@@ -128,7 +138,9 @@ void run_serve(const ServeOptions& opt) {
     const auto now = std::chrono::steady_clock::now();
     // Idle once every response is complete and on the wire: close_all() would cut off a
     // response whose last bytes are still queued (a finished stream's final chunk).
-    const bool idle = service.in_flight() == 0 && service.open_calls() == 0 && !http.writes_pending();
+    // Requests served for gateways (replicas.listen) drain too.
+    const bool idle = service.in_flight() == 0 && service.open_calls() == 0 && !http.writes_pending() &&
+                      gateway.served_remote_in_flight() == 0;
     if (!idle && !ended && now >= deadline + cancel_grace) {
       // The engine did not end the cancelled requests within the grace: their responses end
       // here, as aborted, and get a moment to reach their clients.
@@ -148,6 +160,7 @@ void run_serve(const ServeOptions& opt) {
       std::fprintf(stderr, "tessera serve: cancelling %lld in-flight requests\n",
                    static_cast<long long>(service.in_flight()));
       service.cancel_all();
+      gateway.stop_serving_remote();
     }
     shutdown_timer.expires_after(std::chrono::milliseconds(20));
     shutdown_timer.async_wait([&](boost::system::error_code ec) {
@@ -163,6 +176,8 @@ void run_serve(const ServeOptions& opt) {
                    std::chrono::duration<double>(server_config.shutdown_timeout));
     service.begin_shutdown();
     http.stop_accepting();
+    // Gateways' health probes now fail, so they send new requests to other replicas.
+    gateway.begin_drain();
     poll_shutdown();
   });
 

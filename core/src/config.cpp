@@ -787,11 +787,11 @@ class StackValidator {
     StackConfig config;
     config.file = top_file_;
     check_keys(root, "", {"extends", "plugin_paths", "model", "engine", "deployments", "gateway", "embedding",
-                          "server", "disaggregation"});
+                          "server", "disaggregation", "replicas"});
     // Plugin folders first: the slots below may name plugins that live there.
     if (const TreeEntry* e = root.find("plugin_paths")) validate_plugin_paths(*e, &config);
     if (const TreeEntry* d = root.find("deployments")) {
-      for (const char* key : {"model", "engine", "disaggregation"})
+      for (const char* key : {"model", "engine", "disaggregation", "replicas"})
         if (const TreeEntry* e = root.find(key))
           issues_.add_at_key(*e, key,
                              "with 'deployments:' each deployment has its own model and engine; move "
@@ -812,6 +812,8 @@ class StackValidator {
       config.deployments.push_back(DeploymentConfig{config.model.name, config.model, config.engine, {}});
       if (const TreeEntry* e = root.find("disaggregation"))
         validate_disaggregation(*e, "disaggregation", &config.deployments.back().disaggregation);
+      if (const TreeEntry* e = root.find("replicas"))
+        validate_replicas(*e, "replicas", &config.deployments.back());
     }
     if (const TreeEntry* e = root.find("gateway")) validate_gateway(*e, &config);
     if (const TreeEntry* e = root.find("embedding")) validate_embedding(*e, &config);
@@ -1106,7 +1108,7 @@ class StackValidator {
         continue;
       }
       if (!resolve_deployment_extends(path, &tree)) continue;
-      if (!check_keys(tree, path, {"model", "engine", "disaggregation"})) continue;
+      if (!check_keys(tree, path, {"model", "engine", "disaggregation", "replicas"})) continue;
       DeploymentConfig dc;
       dc.name = d.key;
       if (const TreeEntry* m = tree.find("model")) {
@@ -1121,6 +1123,7 @@ class StackValidator {
       validate_engine(tree, path + ".engine", &dc.engine);
       if (const TreeEntry* e = tree.find("disaggregation"))
         validate_disaggregation(*e, path + ".disaggregation", &dc.disaggregation);
+      if (const TreeEntry* e = tree.find("replicas")) validate_replicas(*e, path + ".replicas", &dc);
       config->deployments.push_back(std::move(dc));
     }
   }
@@ -1206,15 +1209,6 @@ class StackValidator {
       out->connector = validate_slot(connector->value, Position{connector->key_file, connector->key_mark},
                                      PluginKind::kKvConnector, path + ".connector", false);
     }
-    auto check_address = [&](const std::string& address, const std::string& key, const TreeEntry& at) {
-      const auto colon = address.rfind(':');
-      bool ok = colon != std::string::npos && colon > 0 && colon + 1 < address.size();
-      if (ok) {
-        for (size_t i = colon + 1; i < address.size(); ++i) ok = ok && std::isdigit(static_cast<unsigned char>(address[i]));
-        ok = ok && address.size() - colon - 1 <= 5 && std::stol(address.substr(colon + 1)) <= 65535;
-      }
-      if (!ok) issues_.add_at_key(at, path + "." + key, "expected HOST:PORT (port 0..65535), got \"" + address + "\"");
-    };
     if (out->role == "both") {
       if (connector || !out->listen.empty() || !out->prefill.empty())
         issues_.add_at_key(entry, path + ".role",
@@ -1228,16 +1222,83 @@ class StackValidator {
       if (out->listen.empty())
         issues_.add_at_key(entry, path, "role 'prefill' needs 'listen' (HOST:PORT the decode engines call)");
       else
-        check_address(out->listen, "listen", *entry.value.find("listen"));
+        check_address(out->listen, path, "listen", *entry.value.find("listen"));
       if (!out->prefill.empty())
         issues_.add_at_key(*entry.value.find("prefill"), path + ".prefill", "only a decode engine has prefill engines");
     } else {
       if (out->prefill.empty())
         issues_.add_at_key(entry, path, "role 'decode' needs 'prefill': the list of prefill engines' HOST:PORT");
-      for (const std::string& a : out->prefill) check_address(a, "prefill", *entry.value.find("prefill"));
+      for (const std::string& a : out->prefill) check_address(a, path, "prefill", *entry.value.find("prefill"));
       if (!out->listen.empty())
         issues_.add_at_key(*entry.value.find("listen"), path + ".listen", "only a prefill engine listens");
     }
+  }
+
+  // `replicas: {connector: {plugin: NAME}, listen: HOST:PORT, endpoints: [HOST:PORT, ...],
+  // local: BOOL, router: {plugin: NAME, ...}, health_interval: DURATION, timeout: DURATION,
+  // max_concurrent: N}`.
+  void validate_replicas(const TreeEntry& entry, const std::string& path, DeploymentConfig* dc) {
+    ReplicasConfig* out = &dc->replicas;
+    if (!check_keys(entry.value, path,
+                    {"connector", "listen", "endpoints", "local", "router", "health_interval", "timeout",
+                     "max_concurrent"}))
+      return;
+    static const ParamSpec kListen{"listen", ParamType::kString, "", ""};
+    static const ParamSpec kEndpoints{"endpoints", ParamType::kStringList, "[]", ""};
+    static const ParamSpec kLocal{"local", ParamType::kBool, "true", ""};
+    static const ParamSpec kHealth{"health_interval", ParamType::kDuration, "1s", "", 0.05, 3600};
+    static const ParamSpec kTimeout{"timeout", ParamType::kDuration, "600s", "", 0.1, 86400};
+    static const ParamSpec kConcurrent{"max_concurrent", ParamType::kInt, "64", "", 1, 4096};
+    field(entry, path, kListen, &out->listen);
+    field(entry, path, kEndpoints, &out->endpoints);
+    field(entry, path, kLocal, &out->local);
+    field(entry, path, kHealth, &out->health_interval);
+    field(entry, path, kTimeout, &out->timeout);
+    field(entry, path, kConcurrent, &out->max_concurrent);
+    if (const TreeEntry* c = entry.value.find("connector"))
+      out->connector = validate_slot(c->value, Position{c->key_file, c->key_mark}, PluginKind::kKvConnector,
+                                     path + ".connector", false);
+    else
+      issues_.add_at_key(entry, path, "missing required key 'connector' (the transport, e.g. {plugin: grpc})");
+    if (const TreeEntry* r = entry.value.find("router")) {
+      out->router = validate_slot(r->value, Position{r->key_file, r->key_mark}, PluginKind::kRouter,
+                                  path + ".router", false);
+    } else if (!out->endpoints.empty()) {
+      Tree slot;
+      slot.type = Tree::Type::kMap;
+      slot.file = entry.value.file;
+      slot.mark = entry.value.mark;
+      Tree name;
+      name.type = Tree::Type::kScalar;
+      name.text = "prefix-affinity";
+      name.file = entry.value.file;
+      name.mark = entry.value.mark;
+      slot.entries.push_back(TreeEntry{"plugin", entry.key_file, entry.key_mark, std::move(name)});
+      out->router = validate_slot(slot, Position{entry.key_file, entry.key_mark}, PluginKind::kRouter,
+                                  path + ".router", false);
+    }
+    if (out->listen.empty() && out->endpoints.empty())
+      issues_.add_at_key(entry, path,
+                         "give 'listen' (this process serves its engine to gateways) and/or 'endpoints' (this "
+                         "gateway spreads requests over those engine processes)");
+    if (!out->listen.empty()) check_address(out->listen, path, "listen", *entry.value.find("listen"));
+    for (const std::string& a : out->endpoints) check_address(a, path, "endpoints", *entry.value.find("endpoints"));
+    if (out->endpoints.empty() && entry.value.find("local"))
+      issues_.add_at_key(*entry.value.find("local"), path + ".local", "only a gateway with 'endpoints' routes to its own engine or not");
+    if (dc->disaggregation.role != "both" && !out->endpoints.empty())
+      issues_.add_at_key(entry, path + ".endpoints",
+                         "a deployment is either disaggregated (role " + dc->disaggregation.role +
+                             ") or replicated over endpoints, not both; list the decode processes as endpoints instead");
+  }
+
+  void check_address(const std::string& address, const std::string& path, const std::string& key, const TreeEntry& at) {
+    const auto colon = address.rfind(':');
+    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < address.size();
+    if (ok) {
+      for (size_t i = colon + 1; i < address.size(); ++i) ok = ok && std::isdigit(static_cast<unsigned char>(address[i]));
+      ok = ok && address.size() - colon - 1 <= 5 && std::stol(address.substr(colon + 1)) <= 65535;
+    }
+    if (!ok) issues_.add_at_key(at, path + "." + key, "expected HOST:PORT (port 0..65535), got \"" + address + "\"");
   }
 
   // `embedding: {model: {path: DIR_OR_NAME, threads: N}, max_inputs: N}`.

@@ -239,3 +239,32 @@ def run_tests(test_case_classes):
     failed = len(result.failures) + len(result.errors)
     print(f"{result.testsRun - failed} passed, {failed} failed")
     return 0 if failed == 0 else 1
+
+
+def wait_until(predicate, timeout=20):
+    """Polls `predicate` every 50 ms until it is true (True) or `timeout` seconds pass (False)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class Checks:
+    """Named checks of a scripted end-to-end test: each prints "ok" or "FAIL" with what it
+    checked as it runs (the log reads as the test's report); finish() exits 1 if any failed."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, ok, what):
+        print(("ok   " if ok else "FAIL ") + what, flush=True)
+        if not ok:
+            self.failures.append(what)
+
+    def finish(self, what):
+        if self.failures:
+            print(f"{len(self.failures)} check(s) failed")
+            sys.exit(1)
+        print(f"all {what} checks passed")

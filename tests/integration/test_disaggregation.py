@@ -82,12 +82,7 @@ def complete(server, prompt, max_tokens=32, **kw):
 
 def main():
     h.require_environment()
-    failures = []
-
-    def check(ok, what):
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
+    check = h.Checks()
 
     ref = h.Server(name="colocated").start()
     prefill = start_prefill("prefill")
@@ -239,10 +234,7 @@ def main():
         prefill.stop()
         ref.stop()
 
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        sys.exit(1)
-    print("all disaggregation checks passed")
+    check.finish("disaggregation")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,13 @@ bool has_issue(const std::vector<ConfigIssue>& issues, const std::string& text) 
   return false;
 }
 
+// Whether some issue's text contains `text` (for messages whose position is not the point).
+bool mentions_issue(const std::vector<ConfigIssue>& issues, const std::string& text) {
+  for (const auto& i : issues)
+    if (i.to_string().find(text) != std::string::npos) return true;
+  return false;
+}
+
 std::string dump(const std::vector<ConfigIssue>& issues) {
   std::string out;
   for (const auto& i : issues) out += i.to_string() + "\n";
@@ -443,7 +450,7 @@ server: {host: localhost, prot: 80}
   const std::string f = file.string();
   CHECK(has_issue(issues, f + ":2:1: unknown key 'engin'; did you mean 'engine'? expected one "
                               "of: extends, plugin_paths, model, engine, deployments, gateway, embedding, server, "
-                              "disaggregation"));
+                              "disaggregation, replicas"));
   CHECK(has_issue(issues, f + ":1:18: model: unknown key 'thread'; did you mean 'threads'? "
                               "expected one of: path, name, threads, context_length"));
   CHECK(has_issue(issues, f + ":4:3: engine: unknown key 'schedular'; did you mean "
@@ -871,7 +878,7 @@ TEST_CASE("deployments: mistakes name the deployment's key path") {
   INFO(dump(issues));
   CHECK(has_issue(issues, bad.string() + ":2:85: deployments.a.engine.scheduler.max_batch_tokens: expected an "
                                          "integer >= 1, got 0"));
-  CHECK(has_issue(issues, bad.string() + ":3:7: deployments.b: unknown key 'modle'; did you mean 'model'? expected one of: model, engine, disaggregation"));
+  CHECK(has_issue(issues, bad.string() + ":3:7: deployments.b: unknown key 'modle'; did you mean 'model'? expected one of: model, engine, disaggregation, replicas"));
   auto clash = write_file(dir / "clash.yaml", R"(deployments: {auto: {model: {path: a.gguf}}}
 gateway: {router: {plugin: classifier, name: auto, routes: {x: auto}}}
 )");
@@ -973,11 +980,6 @@ TEST_CASE("disaggregation: roles, addresses and the connector slot are validated
   registry->scan_directory(test::plugin_dir());  // the real kv_connector.grpc
   REQUIRE_MESSAGE(registry->find(PluginKind::kKvConnector, "grpc"),
                   "kv_connector.grpc is not built (scripts/install-deps.sh installs gRPC)");
-  auto contains = [](const std::vector<ConfigIssue>& issues, const std::string& text) {
-    for (const auto& i : issues)
-      if (i.to_string().find(text) != std::string::npos) return true;
-    return false;
-  };
   auto file = write_file(dir / "decode.yaml",
                          "model: {path: m.gguf}\n"
                          "disaggregation: {role: decode, connector: {plugin: grpc}, prefill: [127.0.0.1:50061, "
@@ -995,21 +997,68 @@ TEST_CASE("disaggregation: roles, addresses and the connector slot are validated
                     "disaggregation: {role: decode, prefill: [localhost, \"h:99999\"], listen: 1.2.3.4:5}\n");
   auto issues = load_errors(file, *registry);
   INFO(dump(issues));
-  CHECK(contains(issues, "disaggregation: role 'decode' needs a connector"));
-  CHECK(contains(issues, "disaggregation.prefill: expected HOST:PORT (port 0..65535), got \"localhost\""));
-  CHECK(contains(issues, "got \"h:99999\""));
-  CHECK(contains(issues, "disaggregation.listen: only a prefill engine listens"));
+  CHECK(mentions_issue(issues, "disaggregation: role 'decode' needs a connector"));
+  CHECK(mentions_issue(issues, "disaggregation.prefill: expected HOST:PORT (port 0..65535), got \"localhost\""));
+  CHECK(mentions_issue(issues, "got \"h:99999\""));
+  CHECK(mentions_issue(issues, "disaggregation.listen: only a prefill engine listens"));
 
   file = write_file(dir / "prefill.yaml",
                     "model: {path: m.gguf}\n"
                     "disaggregation: {role: prefill, connector: {plugin: grpc, bogus: 1}}\n");
   issues = load_errors(file, *registry);
   INFO(dump(issues));
-  CHECK(contains(issues, "role 'prefill' needs 'listen'"));
-  CHECK(contains(issues, "disaggregation.connector: unknown key 'bogus'"));
+  CHECK(mentions_issue(issues, "role 'prefill' needs 'listen'"));
+  CHECK(mentions_issue(issues, "disaggregation.connector: unknown key 'bogus'"));
 
   file = write_file(dir / "both.yaml",
                     "model: {path: m.gguf}\ndisaggregation: {role: both, listen: 127.0.0.1:1}\n");
   issues = load_errors(file, *registry);
-  CHECK(contains(issues, "role 'both' (the default) serves prefill and decode here"));
+  CHECK(mentions_issue(issues, "role 'both' (the default) serves prefill and decode here"));
+}
+
+TEST_CASE("replicas: listen, endpoints, the connector and the default router are validated together") {
+  auto dir = test::scratch_dir("config-replicas");
+  auto registry = make_registry();
+  registry->scan_directory(test::plugin_dir());  // the real kv_connector.grpc and router.prefix-affinity
+  REQUIRE(registry->find(PluginKind::kKvConnector, "grpc"));
+  REQUIRE(registry->find(PluginKind::kRouter, "prefix-affinity"));
+  auto file = write_file(dir / "gateway.yaml",
+                         "model: {path: m.gguf}\n"
+                         "replicas: {connector: {plugin: grpc}, endpoints: [127.0.0.1:50071, h:2], local: false, "
+                         "health_interval: 250ms}\n");
+  StackConfig config = load_stack_config(file.string(), *registry);
+  const ReplicasConfig& r = config.deployments.at(0).replicas;
+  REQUIRE(r.enabled());
+  CHECK(r.endpoints == std::vector<std::string>{"127.0.0.1:50071", "h:2"});
+  CHECK_FALSE(r.local);
+  CHECK(r.health_interval == doctest::Approx(0.25));
+  REQUIRE(r.router.has_value());
+  CHECK(r.router->plugin == "prefix-affinity");  // the default
+  CHECK(r.router->config.get_int("prefix_tokens", 0) == 256);
+
+  file = write_file(dir / "bad.yaml",
+                    "model: {path: m.gguf}\n"
+                    "replicas: {endpoints: [localhost], local: maybe, max_concurrent: 0}\n");
+  auto issues = load_errors(file, *registry);
+  INFO(dump(issues));
+  CHECK(mentions_issue(issues, "replicas: missing required key 'connector'"));
+  CHECK(mentions_issue(issues, "replicas.endpoints: expected HOST:PORT (port 0..65535), got \"localhost\""));
+  CHECK(mentions_issue(issues, "replicas.local"));
+  CHECK(mentions_issue(issues, "replicas.max_concurrent"));
+
+  file = write_file(dir / "neither.yaml", "model: {path: m.gguf}\nreplicas: {connector: {plugin: grpc}, local: true}\n");
+  issues = load_errors(file, *registry);
+  INFO(dump(issues));
+  CHECK(mentions_issue(issues, "give 'listen'"));
+  CHECK(mentions_issue(issues, "replicas.local: only a gateway with 'endpoints'"));
+
+  file = write_file(dir / "both.yaml",
+                    "model: {path: m.gguf}\n"
+                    "disaggregation: {role: decode, connector: {plugin: grpc}, prefill: [127.0.0.1:1]}\n"
+                    "replicas: {connector: {plugin: grpc}, endpoints: [127.0.0.1:2], router: {plugin: prefix-affinity, "
+                    "max_imbalance: -1}}\n");
+  issues = load_errors(file, *registry);
+  INFO(dump(issues));
+  CHECK(mentions_issue(issues, "either disaggregated (role decode) or replicated"));
+  CHECK(mentions_issue(issues, "replicas.router.max_imbalance"));
 }

@@ -87,6 +87,7 @@ http::status status_for(const Status& st) {
     case StatusCode::kUnavailable: return http::status::service_unavailable;
     case StatusCode::kDeadlineExceeded: return http::status::gateway_timeout;
     case StatusCode::kFailedPrecondition: return http::status::bad_gateway;
+    case StatusCode::kUnimplemented: return http::status::not_implemented;  // a capability this stack lacks
     default: return http::status::internal_server_error;
   }
 }
@@ -960,6 +961,7 @@ void OpenAiService::route(const HttpRequest& req, const std::shared_ptr<Response
     gateway_.render_cache_metrics(&res.body());
     gateway_.render_router_metrics(&res.body());
     gateway_.render_disaggregation_metrics(&res.body());
+    gateway_.render_replica_metrics(&res.body());
     return reply(channel, endpoint, std::move(res));
   }
   if (stats_ && (path == "/v1/stats" || path == "/dashboard")) {

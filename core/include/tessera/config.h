@@ -86,6 +86,21 @@ struct DisaggregationConfig {
   double transfer_timeout = 30;        // decode: a remote prefill and its transfer, at most
 };
 
+// `replicas:` — several engine processes serve one deployment (docs/replicas.md). An engine
+// process serves its engine to gateways at `listen`; a gateway spreads the deployment's
+// requests over `endpoints` (and its own engine when `local`), chosen by `router`.
+struct ReplicasConfig {
+  std::optional<PluginSlot> connector;  // the transport (a kv_connector plugin); required
+  std::string listen;                   // engine process: HOST:PORT (port 0: any free one)
+  std::vector<std::string> endpoints;   // gateway: the other engine processes' HOST:PORT
+  bool local = true;                    // gateway: this process's engine serves requests too
+  std::optional<PluginSlot> router;     // gateway: picks a replica (default prefix-affinity)
+  double health_interval = 1.0;         // gateway: seconds between health probes of a replica
+  double timeout = 600;                 // gateway: one remote request at most
+  int max_concurrent = 64;              // gateway: remote requests in flight (a thread each)
+  bool enabled() const { return connector.has_value(); }
+};
+
 // One deployment: a model and its engine plugins, served under `name` (the `model` field
 // clients send).
 struct DeploymentConfig {
@@ -93,6 +108,7 @@ struct DeploymentConfig {
   ModelConfig model;                                // model.name == name
   std::map<PluginKind, PluginSlot> engine;          // every engine kind present, defaults filled
   DisaggregationConfig disaggregation;
+  ReplicasConfig replicas;
 };
 
 // `embedding:` — the sentence-embedding model the gateway runs itself (POST /v1/embeddings,

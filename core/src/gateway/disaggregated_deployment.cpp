@@ -207,40 +207,15 @@ DisaggregatedDeployment::DisaggregatedDeployment(std::string name, Engine& engin
       connector_(std::move(connector)),
       prefill_addresses_(std::move(prefill_addresses)),
       timeout_(timeout),
-      fingerprint_(engine.kv_fingerprint()) {
-  for (int i = 0; i < std::max(1, num_workers); ++i)
-    workers_.emplace_back([this] {
-      for (;;) {
-        std::shared_ptr<Call> call;
-        {
-          std::unique_lock<std::mutex> lock(queue_mutex_);
-          queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-          if (queue_.empty()) return;
-          call = std::move(queue_.front());
-          queue_.pop_front();
-          in_flight_.push_back(call);
-        }
-        run(call);
-        std::lock_guard<std::mutex> lock(queue_mutex_);
-        std::erase(in_flight_, call);
-      }
-    });
-}
+      fingerprint_(engine.kv_fingerprint()),
+      workers_(std::make_unique<BlockingCallWorkers<Call>>(num_workers,
+                                                           [this](const std::shared_ptr<Call>& call) { run(call); })) {}
 
 DisaggregatedDeployment::~DisaggregatedDeployment() { shutdown(); }
 
 void DisaggregatedDeployment::shutdown() {
-  std::deque<std::shared_ptr<Call>> queued;
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    if (stopping_) return;
-    stopping_ = true;
-    queued.swap(queue_);
-    for (auto& c : in_flight_) c->cancel(CancelReason::kAbandoned);
-  }
-  queue_cv_.notify_all();
-  for (auto& c : queued) c->finish_here(FinishReason::kCancelled, {}, {});
-  for (auto& t : workers_) t.join();
+  workers_->stop([](Call& c) { c.cancel(CancelReason::kAbandoned); },
+                 [](Call& c) { c.finish_here(FinishReason::kCancelled, {}, {}); });
 }
 
 Status DisaggregatedDeployment::check_prefill_engines(std::vector<std::string>* warnings) {
@@ -280,12 +255,7 @@ Status DisaggregatedDeployment::submit(DeploymentRequest request, std::shared_pt
     *handle = std::make_unique<CallHandle>(call);
     return Status::ok();
   }
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    if (stopping_) return unavailable("deployment '" + name() + "' is shutting down");
-    queue_.push_back(call);
-  }
-  queue_cv_.notify_one();
+  if (!workers_->push(call)) return unavailable("deployment '" + name() + "' is shutting down");
   *handle = std::make_unique<CallHandle>(call);
   return Status::ok();
 }

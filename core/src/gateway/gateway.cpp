@@ -23,6 +23,23 @@ std::string escape_label(const std::string& v) {
   return out;
 }
 
+
+// One sample of a plugin's metric, HELP/TYPE written the first time its family appears.
+template <class Metric>
+void render_plugin_metric(const Metric& m, const std::string& owner_label, std::vector<std::string>* seen,
+                          std::string* out) {
+  if (std::find(seen->begin(), seen->end(), m.name) == seen->end()) {
+    seen->push_back(m.name);
+    *out += "# HELP " + m.name + " " + m.help + "\n# TYPE " + m.name + " " + (m.is_counter ? "counter" : "gauge") +
+            "\n";
+  }
+  std::string labels = owner_label;
+  for (const auto& [k, v] : m.labels) labels += "," + k + "=\"" + escape_label(v) + "\"";
+  char value[40];
+  std::snprintf(value, sizeof value, "%.9g", m.value);
+  *out += m.name + "{" + labels + "} " + value + "\n";
+}
+
 }  // namespace
 
 std::unique_ptr<Gateway> Gateway::build(const StackConfig& config, PluginRegistry& registry,
@@ -88,8 +105,144 @@ std::unique_ptr<Gateway> Gateway::build(const StackConfig& config, PluginRegistr
       bases[i] = d;
     }
   }
+  for (size_t i = 0; i < config.deployments.size(); ++i) {
+    const ReplicasConfig& rep = config.deployments[i].replicas;
+    if (!rep.enabled()) continue;
+    const std::string where = "deployments." + names[i] + ".replicas";
+    PluginContext context{&host_logger(), rep.connector->file};
+    if (!rep.listen.empty()) {
+      // Gateways get the engine (or the disaggregated decode deployment) itself: their own
+      // cache layers and router already ran.
+      std::shared_ptr<Deployment> served = bases[i] ? bases[i] : std::make_shared<EngineDeployment>(names[i], *g->engines_[i]);
+      if (!bases[i]) bases[i] = served;
+      std::shared_ptr<KvConnector> connector =
+          registry.create<KvConnector>(rep.connector->plugin, rep.connector->config, context);
+      g->connectors_.push_back(connector);
+      g->replica_hosts_.push_back(std::make_unique<DeploymentReplicaHost>(served, g->engines_[i]->kv_fingerprint()));
+      std::string bound;
+      if (Status st = connector->serve(rep.listen, g->replica_hosts_.back().get(), &bound); !st.is_ok())
+        throw std::runtime_error(where + ".listen: " + st.message());
+      g->replica_endpoints_.push_back(names[i] + " " + bound);
+    }
+    if (!rep.endpoints.empty()) {
+      std::shared_ptr<KvConnector> connector =
+          registry.create<KvConnector>(rep.connector->plugin, rep.connector->config, context);
+      g->connectors_.push_back(connector);
+      PluginContext router_context{&host_logger(), rep.router->file};
+      std::shared_ptr<Router> router = registry.create<Router>(rep.router->plugin, rep.router->config, router_context);
+      ReplicationOptions options;
+      options.endpoints = rep.endpoints;
+      options.local = rep.local;
+      options.health_interval = rep.health_interval;
+      options.timeout = rep.timeout;
+      options.max_concurrent = rep.max_concurrent;
+      auto d = std::make_shared<ReplicatedDeployment>(names[i], *g->engines_[i], connector, router,
+                                                      rep.router->plugin, std::move(options));
+      std::vector<std::string> warnings;
+      if (Status st = d->check_replicas(&warnings); !st.is_ok()) throw std::runtime_error(where + ": " + st.message());
+      for (const std::string& w : warnings)
+        host_logger().log(LogLevel::kWarn, where + ": " + w + " (unhealthy until a health probe answers)");
+      g->replicated_deployments_.push_back(d);
+      bases[i] = d;
+    }
+  }
   g->wrap_deployments(names, std::move(bases));
   return g;
+}
+
+ReplicatedDeployment* Gateway::replicated(const std::string& name) {
+  for (auto& d : replicated_deployments_)
+    if (d->name() == name) return d.get();
+  return nullptr;
+}
+
+void Gateway::begin_drain() {
+  for (auto& h : replica_hosts_) h->begin_drain();
+  for (auto& h : prefill_hosts_) h->begin_drain();
+}
+
+int32_t Gateway::served_remote_in_flight() const {
+  int32_t n = 0;
+  for (const auto& h : replica_hosts_) n += h->in_flight();
+  return n;
+}
+
+void Gateway::stop_serving_remote() {
+  for (auto& c : connectors_) c->shutdown();
+}
+
+void Gateway::render_replica_metrics(std::string* out) const {
+  if (replicated_deployments_.empty() && replica_hosts_.empty()) return;
+  auto family = [out](const char* name, const char* type, const char* help) {
+    *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto sample = [out](const char* name, const std::string& labels, double value) {
+    char v[40];
+    std::snprintf(v, sizeof v, "%.9g", value);
+    *out += std::string(name) + "{" + labels + "} " + v + "\n";
+  };
+  auto labels = [](const std::string& deployment, const std::string& replica) {
+    return "deployment=\"" + escape_label(deployment) + "\",replica=\"" + escape_label(replica) + "\"";
+  };
+  if (!replicated_deployments_.empty()) {
+    struct Family {
+      const char* name;
+      const char* type;
+      const char* help;
+      double (*get)(const ReplicaStatus&);
+    };
+    static const Family kPerReplica[] = {
+        {"tessera_replica_healthy", "gauge", "1 when the replica's last health probe (or call) succeeded",
+         [](const ReplicaStatus& r) { return r.healthy ? 1.0 : 0.0; }},
+        {"tessera_replica_in_flight", "gauge", "requests this gateway has in flight at the replica",
+         [](const ReplicaStatus& r) { return double(r.in_flight); }},
+        {"tessera_replica_requests_total", "counter", "requests (and resumptions) sent to the replica",
+         [](const ReplicaStatus& r) { return double(r.requests); }},
+        {"tessera_replica_failures_total", "counter", "calls that failed because of the replica",
+         [](const ReplicaStatus& r) { return double(r.failures); }},
+    };
+    for (const Family& f : kPerReplica) {
+      family(f.name, f.type, f.help);
+      for (const auto& d : replicated_deployments_)
+        for (const ReplicaStatus& r : d->replicas()) sample(f.name, labels(d->name(), r.name), f.get(r));
+    }
+    struct DeploymentFamily {
+      const char* name;
+      const char* help;
+      uint64_t ReplicationStats::*field;
+    };
+    static const DeploymentFamily kPerDeployment[] = {
+        {"tessera_replica_failovers_total", "requests moved to another replica before their first token",
+         &ReplicationStats::failovers},
+        {"tessera_replica_resumed_total", "greedy requests continued on another replica after a mid-stream failure",
+         &ReplicationStats::resumed},
+        {"tessera_replica_midstream_errors_total", "requests ended with an error: their replica failed mid-stream",
+         &ReplicationStats::midstream_errors},
+        {"tessera_replica_unavailable_total", "requests refused or ended because no replica could serve them",
+         &ReplicationStats::unavailable},
+    };
+    for (const DeploymentFamily& f : kPerDeployment) {
+      family(f.name, "counter", f.help);
+      for (const auto& d : replicated_deployments_)
+        sample(f.name, "deployment=\"" + escape_label(d->name()) + "\"", double(d->stats().*f.field));
+    }
+    std::vector<std::string> seen;
+    for (const auto& d : replicated_deployments_) {
+      std::vector<RouterMetric> metrics;
+      d->router().metrics(&metrics);
+      for (const RouterMetric& m : metrics)
+        render_plugin_metric(m, "deployment=\"" + escape_label(d->name()) + "\",router=\"" + escape_label(d->router_plugin()) + "\"",
+                             &seen, out);
+    }
+  }
+  if (!replica_hosts_.empty()) {
+    family("tessera_replica_served_in_flight", "gauge", "requests this engine process runs for gateways now");
+    for (const auto& h : replica_hosts_)
+      sample("tessera_replica_served_in_flight", "deployment=\"" + escape_label(h->deployment_name()) + "\"", h->in_flight());
+    family("tessera_replica_draining", "gauge", "1 while this engine process drains (refuses new requests)");
+    for (const auto& h : replica_hosts_)
+      sample("tessera_replica_draining", "deployment=\"" + escape_label(h->deployment_name()) + "\"", h->draining() ? 1 : 0);
+  }
 }
 
 DisaggregatedDeployment* Gateway::disaggregated(const std::string& name) {
@@ -172,9 +325,11 @@ void Gateway::wrap_deployments(const std::vector<std::string>& names,
 }
 
 Gateway::~Gateway() {
-  // Remote prefills first: their handlers wait on engines that are about to stop.
+  // Remote prefills and replica calls first: their handlers wait on engines that are about
+  // to stop.
   for (auto& c : connectors_) c->shutdown();
   for (auto& d : decode_deployments_) d->shutdown();
+  for (auto& d : replicated_deployments_) d->shutdown();
   stop();
   // Queued lookups and stores finish before the deployments and layers they use go away.
   workers_.reset();
@@ -201,25 +356,6 @@ Status Gateway::route(const RouteRequest& request, Deployment** out) {
   return Status::ok();
 }
 
-namespace {
-
-// One sample of a plugin's metric, HELP/TYPE written the first time its family appears.
-template <class Metric>
-void render_plugin_metric(const Metric& m, const std::string& owner_label, std::vector<std::string>* seen,
-                          std::string* out) {
-  if (std::find(seen->begin(), seen->end(), m.name) == seen->end()) {
-    seen->push_back(m.name);
-    *out += "# HELP " + m.name + " " + m.help + "\n# TYPE " + m.name + " " + (m.is_counter ? "counter" : "gauge") +
-            "\n";
-  }
-  std::string labels = owner_label;
-  for (const auto& [k, v] : m.labels) labels += "," + k + "=\"" + escape_label(v) + "\"";
-  char value[40];
-  std::snprintf(value, sizeof value, "%.9g", m.value);
-  *out += m.name + "{" + labels + "} " + value + "\n";
-}
-
-}  // namespace
 
 void Gateway::render_cache_metrics(std::string* out) const {
   std::vector<std::string> seen;  // HELP/TYPE once per family

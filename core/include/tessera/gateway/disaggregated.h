@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tessera/engine.h"
+#include "tessera/gateway/blocking_call_workers.h"
 #include "tessera/gateway/deployment.h"
 #include "tessera/sdk/kv_connector.h"
 
@@ -32,10 +33,14 @@ class EnginePrefillHost final : public KvPrefillHost {
   std::string fingerprint() const override { return fingerprint_; }
   Status prefill(const RemotePrefillRequest& request, const std::function<bool()>& cancelled,
                  std::unique_ptr<KvExportHandle>* out) override;
+  bool draining() const override { return draining_.load(); }
+  // SIGTERM: new prefills are refused (decode engines go to the next prefill engine).
+  void begin_drain() { draining_ = true; }
 
  private:
   Engine& engine_;
   std::string fingerprint_;
+  std::atomic<bool> draining_{false};
 };
 
 // Counters of a decode deployment (rendered in /metrics as tessera_disagg_*).
@@ -83,13 +88,9 @@ class DisaggregatedDeployment final : public EngineDeployment {
   mutable std::mutex stats_mutex_;
   DisaggregationStats stats_;
 
-  // Workers block in remote calls; each request takes one for its prefill and transfer.
-  std::mutex queue_mutex_;
-  std::condition_variable queue_cv_;
-  std::deque<std::shared_ptr<Call>> queue_;
-  bool stopping_ = false;
-  std::vector<std::shared_ptr<Call>> in_flight_;  // for cancelling at shutdown
-  std::vector<std::thread> workers_;
+  // Workers block in remote calls; each request takes one for its prefill and transfer. Last:
+  // destroyed (joined) first.
+  std::unique_ptr<BlockingCallWorkers<Call>> workers_;
 };
 
 }  // namespace tessera

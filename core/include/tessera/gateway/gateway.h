@@ -13,6 +13,7 @@
 #include "tessera/gateway/cached_deployment.h"
 #include "tessera/gateway/deployment.h"
 #include "tessera/gateway/disaggregated.h"
+#include "tessera/gateway/replicated.h"
 #include "tessera/model.h"
 #include "tessera/plugin_registry.h"
 #include "tessera/sdk/router.h"
@@ -73,6 +74,21 @@ class Gateway {
   // The decode deployment named so, or nullptr.
   DisaggregatedDeployment* disaggregated(const std::string& name);
 
+  // Replicas: "NAME HOST:PORT" for each deployment this process serves to gateways
+  // (replicas.listen), and the replicated deployment named so (replicas.endpoints) or nullptr.
+  const std::vector<std::string>& replica_endpoints() const { return replica_endpoints_; }
+  ReplicatedDeployment* replicated(const std::string& name);
+  // Appends tessera_replica_* metrics (labelled deployment and replica) and each replica
+  // router's own; nothing when no deployment is replicated or served to gateways.
+  void render_replica_metrics(std::string* out) const;
+  // SIGTERM: the engine endpoints this process serves (replica and prefill) refuse new calls
+  // and fail health probes, so gateways send new requests elsewhere; calls in flight go on.
+  void begin_drain();
+  // Requests this process is running for gateways (replicas.listen) now.
+  int32_t served_remote_in_flight() const;
+  // Cancels the calls gateways and decode engines have in flight here (the drain's deadline).
+  void stop_serving_remote();
+
   void start();  // every engine's step loop
   void stop();
 
@@ -89,6 +105,11 @@ class Gateway {
   std::vector<std::shared_ptr<KvConnector>> connectors_;
   std::vector<std::string> prefill_endpoints_;
   std::vector<std::shared_ptr<DisaggregatedDeployment>> decode_deployments_;
+  // Replicas: hosts served to gateways (by connectors in connectors_), their endpoints, and
+  // the replicated deployments.
+  std::vector<std::unique_ptr<DeploymentReplicaHost>> replica_hosts_;
+  std::vector<std::string> replica_endpoints_;
+  std::vector<std::shared_ptr<ReplicatedDeployment>> replicated_deployments_;
   std::vector<NamedCacheLayer> cache_layers_;
   std::vector<std::shared_ptr<Deployment>> deployments_;
   std::shared_ptr<Router> router_;
