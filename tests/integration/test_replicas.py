@@ -128,7 +128,8 @@ def main():
     b = start_replica("replica-b", ports[1])
     gw = h.Gateway(gateway_yaml(ports), "replica-gateway").start()
     try:
-        check(any("served by replicas 127.0.0.1" in l and "prefix-affinity" in l for l in gw.stderr_lines),
+        check(h.wait_until(lambda: any("served by replicas 127.0.0.1" in l and "prefix-affinity" in l
+                                       for l in gw.stderr_lines), 5),
               "gateway reports its replicas: " + next((l.strip() for l in gw.stderr_lines if "replicas" in l), "?"))
         # Identity with the colocated engine.
         for p in PROMPTS:
@@ -161,6 +162,25 @@ def main():
             check(False, "max_tokens past the context is refused")
         except Exception as e:  # noqa: BLE001
             check("400" in str(e) or "max_tokens" in str(e), f"a bad request is refused at the gateway: {str(e)[:90]}")
+
+        want = complete(ref, PROMPTS[1], temperature=0, max_tokens=60, stop=["sea"])
+        check(complete(gw, PROMPTS[1], temperature=0, max_tokens=60, stop=["sea"]) == want,
+              f"stop strings: identical ({want[0][0][1]}, {want[0][0][0]!r})")
+
+        # A client that goes away mid-stream: the replica cancels the request and frees its blocks.
+        s = gw.openai_client(timeout=60).completions.create(model=MODEL, prompt="Count slowly from one to a thousand:",
+                                                            max_tokens=400, temperature=0, stream=True,
+                                                            extra_body={"ignore_eos": True})
+        for i, _ in enumerate(s):
+            if i == 5:
+                break
+        busy = [r for r in (a, b) if (labelled(r, "tessera_replica_served_in_flight") or 0) > 0]
+        s.close()
+        check(len(busy) == 1, "a stream in flight runs on one replica")
+        check(busy and h.wait_until(lambda: labelled(busy[0], "tessera_replica_served_in_flight") == 0, 10) and
+              busy[0].wait_for_metric("tessera_kv_blocks_used", 0) and
+              h.wait_until(lambda: all(labelled(gw, "tessera_replica_in_flight", r.address) == 0 for r in (a, b)), 10),
+              "client gone mid-stream: the replica cancels it and uses no KV block; the gateway has nothing in flight")
 
         # Prefix affinity.
         before = {r.address: routed(gw, r.address) for r in (a, b)}
