@@ -7,7 +7,7 @@
 #   scripts/sanitize.sh asan    ASan+UBSan: every test but the CUDA ones (19.5 min build with
 #                               -j2 on a busy 2-vCPU machine; the tests take hours there: the
 #                               engine invariance test alone 22 min, docs/benchmarks.md)
-#   scripts/sanitize.sh tsan    TSan: the threaded ones (thread pool, engine, server); builds
+#   scripts/sanitize.sh tsan    TSan: the threaded ones (thread pool, engine, server, replicas); builds
 #                               only what they run (22 min with -j1 beside another build)
 #   scripts/sanitize.sh all     asan then tsan
 # Extra arguments go to ctest. Builds into ${TESSERA_BUILD_DIR:-build}-asan / -tsan.
@@ -21,7 +21,8 @@ base=${TESSERA_BUILD_DIR:-$root/build}
 # Tests that need no real model weights and finish in seconds without a sanitizer.
 quick_tests='^(unit_|conformance_|integration_cli_errors$)'
 # Tests whose point is threads: the pool, the engine loop, the HTTP server.
-tsan_tests='^(unit_test_ggml_math|conformance_test_scheduler_conformance|integration_test_engine_invariance|integration_server_robustness|integration_server_openai)$'
+# integration_replicas: the gateway's replica workers and health thread, drain, failover.
+tsan_tests='^(unit_test_ggml_math|conformance_test_scheduler_conformance|integration_test_engine_invariance|integration_server_robustness|integration_server_openai|integration_replicas)$'
 # What those need (the app, every in-tree plugin, the three test executables): the TSan pass
 # builds only these, not the whole tree.
 tsan_targets=(tessera tessera_plugins unit_test_ggml_math conformance_test_scheduler_conformance
@@ -50,7 +51,9 @@ run() {  # run DIR REGEX [ctest args]
   # keeps reporting real leaks but ignores libraries it cannot symbolize at exit.
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  # gRPC, abseil and glibc's dynamic TLS look racy to TSan without being so (not built with
+  # it): scripts/tsan-suppressions.txt says which reports are theirs.
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan-suppressions.txt}
   # Tests that cannot run under a sanitizer (an impossible allocation, which ASan's operator
   # new reports instead of throwing) skip when this is set.
   export TESSERA_SANITIZER=${dir##*-}

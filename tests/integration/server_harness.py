@@ -251,6 +251,19 @@ def wait_until(predicate, timeout=20):
     return False
 
 
+def print_sanitizer_reports(servers):
+    """Prints the sanitizer reports in the servers' stderr (a sanitizer build halts a server at
+    its first report; the client then sees only a dropped connection)."""
+    time.sleep(1)  # the stderr pumps read what a halted server wrote last
+    for s in servers:
+        if s.proc is not None and s.proc.poll() is not None and s.proc.returncode != 0:
+            print(f"--- {os.path.basename(s.dir)} exited {s.proc.returncode}")
+        lines = getattr(s, "stderr_lines", [])
+        start = next((i for i, l in enumerate(lines) if "Sanitizer" in l and ("WARNING" in l or "ERROR" in l)), None)
+        if start is not None:
+            print(f"--- sanitizer report of {os.path.basename(s.dir)}:\n" + "".join(lines[start:start + 80]))
+
+
 class Checks:
     """Named checks of a scripted end-to-end test: each prints "ok" or "FAIL" with what it
     checked as it runs (the log reads as the test's report); finish() exits 1 if any failed."""

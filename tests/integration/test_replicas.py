@@ -33,8 +33,11 @@ ONE_THREAD = f"model: {{path: {MODEL}, threads: 1}}\n"
 
 
 def replica_yaml(port):
+    # A drain waits for the calls in flight up to shutdown_timeout; long enough here that the
+    # drain test's stream always finishes on its replica (a sanitizer build decodes ~10x slower).
     return (f"extends: {h.DEFAULT_STACK}\n{ONE_THREAD}"
-            f"replicas:\n  connector: {{plugin: grpc}}\n  listen: 127.0.0.1:{port}\n")
+            f"replicas:\n  connector: {{plugin: grpc}}\n  listen: 127.0.0.1:{port}\n"
+            "server: {shutdown_timeout: 300s}\n")
 
 
 def gateway_yaml(ports, engine_extra=""):
@@ -77,14 +80,17 @@ def complete(server, prompt, max_tokens=24, **kw):
 
 
 def streamed(server, prompt, max_tokens, result, started, **kw):
-    """Streams a completion into result["text"]; sets `started` at the first text."""
-    text = []
+    """Streams a completion into result["text"]; sets `started` at the first text. result["gap"]
+    is the longest wait between two text chunks (a failover's stall shows there)."""
+    text, times = [], []
+    result["times"] = times
     try:
         s = server.openai_client(timeout=120).completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens,
                                                                  stream=True, **kw)
         for chunk in s:
             if chunk.choices and chunk.choices[0].text:
                 text.append(chunk.choices[0].text)
+                times.append(time.time())
                 started.set()
             if chunk.choices and chunk.choices[0].finish_reason:
                 result["finish"] = chunk.choices[0].finish_reason
@@ -92,6 +98,7 @@ def streamed(server, prompt, max_tokens, result, started, **kw):
         result["error"] = e
     result["text"] = "".join(text)
     result["t"] = time.time()
+    result["gap"] = max((b - a for a, b in zip(times, times[1:])), default=0.0)
     started.set()
 
 
@@ -249,7 +256,8 @@ def main():
         t.join(120)
         check(not t.is_alive() and res.get("text") == want_long and "error" not in res,
               f"greedy stream, its replica SIGKILLed mid-stream: continued on the other, identical "
-              f"({len(res.get('text', ''))} chars, resumed {labelled(gw, 'tessera_replica_resumed_total'):.0f})")
+              f"({len(res.get('text', ''))} chars, resumed {labelled(gw, 'tessera_replica_resumed_total'):.0f}, "
+              f"longest stall {res.get('gap', 0) * 1e3:.0f} ms)")
         victim.proc.wait(10)
 
         # Restart it, then kill a sampled stream's replica: a clear error, fast.
@@ -289,6 +297,7 @@ def main():
         check(h.wait_until(lambda: labelled(gw, "tessera_replica_in_flight", survivor.address) == 0, 5),
               "the gateway has nothing in flight afterwards")
     finally:
+        h.print_sanitizer_reports(STARTED + [gw, ref])
         for s in STARTED + [gw, ref]:
             if s.proc and s.proc.poll() is None:
                 s.stop()

@@ -189,7 +189,7 @@ def main():
         result, first = {}, threading.Event()
 
         def stream():
-            text = []
+            text, times = [], []
             try:
                 s = gw.openai_client(timeout=120).completions.create(model=MODEL, prompt=long_prompt, max_tokens=160,
                                                                      temperature=0, stream=True,
@@ -197,10 +197,12 @@ def main():
                 for chunk in s:
                     if chunk.choices and chunk.choices[0].text:
                         text.append(chunk.choices[0].text)
+                        times.append(time.time())
                         first.set()
             except Exception as e:  # noqa: BLE001
                 result["error"] = e
             result["text"] = "".join(text)
+            result["gap"] = max((b - a for a, b in zip(times, times[1:])), default=0.0)
             first.set()
 
         t = threading.Thread(target=stream)
@@ -215,7 +217,8 @@ def main():
         resumed = labelled(gw, "tessera_replica_resumed_total", dep)
         check(not t.is_alive() and "error" not in result and result.get("text") == want_long,
               f"... the greedy stream continued on the gateway's engine, identical "
-              f"({len(result.get('text', ''))} chars, resumed {resumed})")
+              f"({len(result.get('text', ''))} chars, resumed {resumed}, longest stall "
+              f"{result.get('gap', 0):.2f} s)")
         local_before = labelled(gw, "tessera_replica_requests_total", f'{dep},replica="local"')
         check(complete(gw, long_prompt, max_tokens=8, temperature=0) ==
               complete(ref, long_prompt, max_tokens=8, temperature=0) and
