@@ -7,6 +7,8 @@ A prefill engine (`disaggregation.role: prefill`, kv_connector.grpc) and a decod
     short prompts and one longer than a prefill chunk;
   - the KV bytes moved are exactly prompt tokens x layers x (K + V row bytes); no block is
     left held or used on either side afterwards;
+  - a decode engine that is also a replica (`replicas.listen`) serves a gateway in front of it:
+    identical output, every prompt computed by the prefill engine, no block left anywhere;
   - faults: a corrupted chunk (the connector's fault injection) is caught by its checksum and
     the decode engine recomputes the prompt (same output); a decode engine whose KV layout
     differs is refused at startup naming both fingerprints; a decode engine killed mid-stream
@@ -199,6 +201,33 @@ def main():
     finally:
         decode2.stop()
         corrupt.stop()
+
+    # A decode engine that is also a replica: a gateway (replicas.endpoints, local: false) in
+    # front of it; each request's prompt is computed by the prefill engine, its KV moved to the
+    # decode engine, and its tokens streamed on to the gateway.
+    replica_port = h.free_port()
+    both = h.Gateway(decode_yaml(prefill.grpc_port) +
+                     f"replicas:\n  connector: {{plugin: grpc}}\n  listen: 127.0.0.1:{replica_port}\n",
+                     "decode-replica").start()
+    front = h.Gateway(f"extends: {h.DEFAULT_STACK}\nreplicas:\n  connector: {{plugin: grpc}}\n"
+                      f"  endpoints: [127.0.0.1:{replica_port}]\n  local: false\n", "gateway-front").start()
+    try:
+        before = labelled(both, "tessera_disagg_remote_prefills_total") or 0
+        got = [complete(front, p, temperature=0) for p in PROMPTS[:3]]
+        check(got == [expected[p] for p in PROMPTS[:3]],
+              "a gateway in front of a decode engine that is a replica: greedy identical to colocated")
+        want = complete(ref, PROMPTS[1], temperature=0.9, seed=7, max_tokens=40)
+        check(complete(front, PROMPTS[1], temperature=0.9, seed=7, max_tokens=40) == want,
+              "... seeded (seed 7): identical")
+        check(labelled(both, "tessera_disagg_remote_prefills_total") - before == 4 and
+              labelled(both, "tessera_disagg_local_prefills_total") == 0,
+              "... every prompt was computed by the prefill engine")
+        check(both.wait_for_metric("tessera_kv_blocks_used", 0) and prefill.wait_for_metric("tessera_kv_blocks_used", 0) and
+              wait_labelled(prefill, "tessera_kv_transfer_held_exports", 0),
+              "... no block left used or held on the decode or the prefill engine")
+    finally:
+        front.stop()
+        both.stop()
 
     # A prefill engine killed with requests in flight.
     decode3 = h.Gateway(decode_yaml(prefill.grpc_port), "decode-survivor").start()

@@ -349,9 +349,12 @@ class GrpcConnector final : public KvConnector {
   Status remote_prefill(const std::string& address, const RemotePrefillRequest& request,
                         KvImportSink* sink) override {
     std::shared_ptr<pb::KvTransfer::Stub> stub = stub_for(address);
-    grpc::ClientContext ctx;
+    // The sink's cancel function may run after this call returned (a client that goes away
+    // races the return), so it shares the context instead of pointing at this frame's.
+    auto context = std::make_shared<grpc::ClientContext>();
+    grpc::ClientContext& ctx = *context;
     set_timeout(&ctx, request.timeout_seconds);
-    sink->on_cancel_available([&ctx] { ctx.TryCancel(); });
+    sink->on_cancel_available([context] { context->TryCancel(); });
     if (Status st = wait_connected(address); !st.is_ok()) return st;
     auto stream = stub->Prefill(&ctx);
     auto fail = [&](Status st) {
@@ -407,9 +410,10 @@ class GrpcConnector final : public KvConnector {
   Status remote_generate(const std::string& address, const RemoteGenerateRequest& request,
                          RemoteEventSink* sink) override {
     std::shared_ptr<pb::KvTransfer::Stub> stub = stub_for(address);
-    grpc::ClientContext ctx;
+    auto context = std::make_shared<grpc::ClientContext>();  // as in remote_prefill
+    grpc::ClientContext& ctx = *context;
     set_timeout(&ctx, request.timeout_seconds);
-    sink->on_cancel_available([&ctx] { ctx.TryCancel(); });
+    sink->on_cancel_available([context] { context->TryCancel(); });
     if (Status st = wait_connected(address); !st.is_ok()) return st;
     pb::GenerateCall call;
     call.set_request_id(request.request_id);

@@ -94,8 +94,8 @@ struct RemoteEvent {
 class RemoteEventSink {
  public:
   virtual ~RemoteEventSink() = default;
-  // As KvImportSink::on_cancel_available: a function that aborts the call from any thread,
-  // valid until remote_generate returns (which then returns kCancelled).
+  // As KvImportSink::on_cancel_available: a function that aborts the call from any thread
+  // (remote_generate then returns kCancelled), safe to call after remote_generate returned.
   virtual void on_cancel_available(std::function<void()> cancel) = 0;
   // Each event, in order, from the calling thread of remote_generate. A non-ok return
   // cancels the remote request and remote_generate returns it.
@@ -145,8 +145,10 @@ class KvImportSink {
  public:
   virtual ~KvImportSink() = default;
   // Called once, before anything blocks, with a function that aborts the transfer from any
-  // thread (the client went away): remote_prefill then returns kCancelled. The function is
-  // valid until remote_prefill returns; the sink must not call it after that.
+  // thread (the client went away): remote_prefill then returns kCancelled. The function stays
+  // safe to call after remote_prefill returned, and then does nothing: a host cannot tell a
+  // client that leaves just as the call ends from one that leaves before, so a connector's
+  // function must not point into remote_prefill's stack frame (share its state instead).
   virtual void on_cancel_available(std::function<void()> cancel) = 0;
   // The prefill finished. A non-ok return stops the transfer (remote_prefill returns it).
   // When the result carries no KV (finish != kNone, or want_kv was false) nothing follows.
