@@ -69,6 +69,7 @@ class Server:
         self.proc = None
         self.port = None
         self.stderr_lines = []
+        STARTED_SERVERS.append(self)
 
     def start(self, timeout=120):
         self.proc = subprocess.Popen([TESSERA, "serve", "--config", self.config, "--port", "0"] + self.args,
@@ -251,17 +252,26 @@ def wait_until(predicate, timeout=20):
     return False
 
 
-def print_sanitizer_reports(servers):
-    """Prints the sanitizer reports in the servers' stderr (a sanitizer build halts a server at
-    its first report; the client then sees only a dropped connection)."""
+STARTED_SERVERS = []  # every Server of this process, for print_crash_reports()
+
+
+def print_crash_reports(servers=None):
+    """Prints why servers died: the sanitizer report in a server's stderr (a sanitizer build
+    halts a server at its first report; the client then sees only a dropped connection), else
+    the stderr tail of a server that exited abnormally (an abort's "terminate called ...", a
+    failed assertion). A server the test SIGKILLed on purpose only gets its exit line."""
     time.sleep(1)  # the stderr pumps read what a halted server wrote last
-    for s in servers:
-        if s.proc is not None and s.proc.poll() is not None and s.proc.returncode != 0:
-            print(f"--- {os.path.basename(s.dir)} exited {s.proc.returncode}")
+    for s in STARTED_SERVERS if servers is None else servers:
+        if s.proc is None or s.proc.poll() is None or s.proc.returncode == 0:
+            continue
+        name = os.path.basename(s.dir)
+        print(f"--- {name} exited {s.proc.returncode}")
         lines = getattr(s, "stderr_lines", [])
         start = next((i for i, l in enumerate(lines) if "Sanitizer" in l and ("WARNING" in l or "ERROR" in l)), None)
         if start is not None:
-            print(f"--- sanitizer report of {os.path.basename(s.dir)}:\n" + "".join(lines[start:start + 80]))
+            print(f"--- sanitizer report of {name}:\n" + "".join(lines[start:start + 80]))
+        elif s.proc.returncode != -signal.SIGKILL:
+            print(f"--- the last lines {name} wrote to stderr:\n" + "".join(lines[-30:]))
 
 
 class Checks:

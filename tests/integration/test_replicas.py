@@ -297,7 +297,7 @@ def main():
         check(h.wait_until(lambda: labelled(gw, "tessera_replica_in_flight", survivor.address) == 0, 5),
               "the gateway has nothing in flight afterwards")
     finally:
-        h.print_sanitizer_reports(STARTED + [gw, ref])
+        h.print_crash_reports(STARTED + [gw, ref])
         for s in STARTED + [gw, ref]:
             if s.proc and s.proc.poll() is None:
                 s.stop()

@@ -241,4 +241,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        h.print_crash_reports()
