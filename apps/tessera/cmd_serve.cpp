@@ -138,7 +138,8 @@ void run_serve(const ServeOptions& opt) {
     const auto now = std::chrono::steady_clock::now();
     // Idle once every response is complete and on the wire: close_all() would cut off a
     // response whose last bytes are still queued (a finished stream's final chunk).
-    // Requests served for gateways (replicas.listen) drain too.
+    // Requests served for gateways (replicas.listen) and prefills served for decode engines
+    // (disaggregation role prefill) drain too.
     const bool idle = service.in_flight() == 0 && service.open_calls() == 0 && !http.writes_pending() &&
                       gateway.served_remote_in_flight() == 0;
     if (!idle && !ended && now >= deadline + cancel_grace) {

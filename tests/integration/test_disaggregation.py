@@ -12,7 +12,8 @@ A prefill engine (`disaggregation.role: prefill`, kv_connector.grpc) and a decod
   - faults: a corrupted chunk (the connector's fault injection) is caught by its checksum and
     the decode engine recomputes the prompt (same output); a decode engine whose KV layout
     differs is refused at startup naming both fingerprints; a decode engine killed mid-stream
-    leaves no held blocks on the prefill engine; a prefill engine killed with requests in
+    leaves no held blocks on the prefill engine; a prefill engine drained (SIGTERM) with
+    requests in flight finishes the transfers it started and exits 0; a prefill engine killed with requests in
     flight costs them nothing but time (each finishes, identical), and later requests are
     computed on the decode engine.
 """
@@ -228,6 +229,44 @@ def main():
     finally:
         front.stop()
         both.stop()
+
+    # A prefill engine drained (SIGTERM) with requests in flight: the transfers it started run
+    # to their end, later requests are computed on the decode engine, and it exits 0.
+    drained = start_prefill("prefill-drained")
+    decode4 = h.Gateway(decode_yaml(drained.grpc_port), "decode-drain").start()
+    try:
+        results = {}
+
+        def run4(i):
+            try:
+                results[i] = complete(decode4, LONG_PROMPT + f"\nQuestion {i}: what came last?", max_tokens=16,
+                                      temperature=0)
+            except Exception as e:  # noqa: BLE001
+                results[i] = e
+
+        threads = [threading.Thread(target=run4, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        h.wait_until(lambda: (labelled(drained, "tessera_deployment_running_sequences") or 0) > 0 or
+                     (labelled(drained, "tessera_kv_transfer_held_exports") or 0) > 0, 20)
+        drained.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(120)
+        rc = drained.proc.wait(120)
+        wants = {i: complete(ref, LONG_PROMPT + f"\nQuestion {i}: what came last?", max_tokens=16, temperature=0)
+                 for i in range(4)}
+        remote, local = (labelled(decode4, "tessera_disagg_remote_prefills_total"),
+                         labelled(decode4, "tessera_disagg_local_prefills_total"))
+        check(all(results[i] == wants[i] for i in range(4)),
+              f"prefill engine drained with 4 requests in flight: all 4 identical to colocated "
+              f"({remote:.0f} prefilled there, {local:.0f} here after it stopped taking prefills)")
+        check(remote >= 1 and labelled(decode4, "tessera_disagg_transfer_failures_total") == 0,
+              "... the transfers it had started all completed (no transfer failed)")
+        check(rc == 0, f"... and it exited {rc} once they were done")
+        check(decode4.wait_for_metric("tessera_kv_blocks_used", 0), "... the decode engine uses no block afterwards")
+    finally:
+        decode4.stop()
+        drained.stop()
 
     # A prefill engine killed with requests in flight.
     decode3 = h.Gateway(decode_yaml(prefill.grpc_port), "decode-survivor").start()

@@ -19,10 +19,22 @@ struct CapturedTokens {
   std::vector<SampledToken> tokens;
 };
 
+// Counts one prefill in flight at its host from construction to destruction.
+class InFlight {
+ public:
+  explicit InFlight(std::shared_ptr<std::atomic<int32_t>> count) : count_(std::move(count)) { count_->fetch_add(1); }
+  ~InFlight() { count_->fetch_sub(1); }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  std::shared_ptr<std::atomic<int32_t>> count_;
+};
+
 class ExportHandle final : public KvExportHandle {
  public:
-  ExportHandle(std::shared_ptr<KvExport> exp, PrefillResult result)
-      : export_(std::move(exp)), result_(std::move(result)) {}
+  ExportHandle(std::shared_ptr<KvExport> exp, PrefillResult result, std::unique_ptr<InFlight> counted)
+      : export_(std::move(exp)), result_(std::move(result)), counted_(std::move(counted)) {}
   ~ExportHandle() override { export_->release(); }
   const PrefillResult& result() const override { return result_; }
   Status read_layer(int32_t layer, std::vector<uint8_t>* k, std::vector<uint8_t>* v) override {
@@ -32,12 +44,16 @@ class ExportHandle final : public KvExportHandle {
  private:
   std::shared_ptr<KvExport> export_;
   PrefillResult result_;
+  std::unique_ptr<InFlight> counted_;  // until the transfer was acknowledged or abandoned
 };
 
 }  // namespace
 
 Status EnginePrefillHost::prefill(const RemotePrefillRequest& request, const std::function<bool()>& cancelled,
                                   std::unique_ptr<KvExportHandle>* out) {
+  // Counted before draining_ is read, as DeploymentReplicaHost::generate does.
+  auto counted = std::make_unique<InFlight>(in_flight_);
+  if (draining_) return unavailable("the prefill engine is draining (shutting down): it takes no new prefills");
   auto exp = std::make_shared<KvExport>();
   auto captured = std::make_shared<CapturedTokens>();
   GenerationRequest g;
@@ -71,7 +87,7 @@ Status EnginePrefillHost::prefill(const RemotePrefillRequest& request, const std
     std::lock_guard<std::mutex> lock(captured->mutex);
     result.tokens = captured->tokens;
   }
-  *out = std::make_unique<ExportHandle>(exp, std::move(result));
+  *out = std::make_unique<ExportHandle>(exp, std::move(result), std::move(counted));
   return Status::ok();
 }
 

@@ -164,6 +164,7 @@ void Gateway::begin_drain() {
 int32_t Gateway::served_remote_in_flight() const {
   int32_t n = 0;
   for (const auto& h : replica_hosts_) n += h->in_flight();
+  for (const auto& h : prefill_hosts_) n += h->in_flight();
   return n;
 }
 

@@ -55,12 +55,14 @@ class EventPipe final : public RequestSink {
 
 Status DeploymentReplicaHost::generate(const RemoteGenerateRequest& request, const std::function<bool()>& cancelled,
                                        const std::function<bool(const RemoteEvent&)>& emit) {
-  if (draining_) return unavailable("the engine is draining (shutting down): it takes no new requests");
+  // Counted before draining_ is read: a drain that then sees no call in flight has also made
+  // every uncounted call refuse (both atomics are sequentially consistent).
   in_flight_.fetch_add(1);
   struct Done {
     std::atomic<int32_t>& count;
     ~Done() { count.fetch_sub(1); }
   } done{in_flight_};
+  if (draining_) return unavailable("the engine is draining (shutting down): it takes no new requests");
   auto pipe = std::make_shared<EventPipe>();
   DeploymentRequest dr;
   dr.generation.prompt = request.prompt;

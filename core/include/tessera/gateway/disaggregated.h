@@ -36,11 +36,16 @@ class EnginePrefillHost final : public KvPrefillHost {
   bool draining() const override { return draining_.load(); }
   // SIGTERM: new prefills are refused (decode engines go to the next prefill engine).
   void begin_drain() { draining_ = true; }
+  // Prefills running or holding their blocks for a transfer not yet acknowledged: a draining
+  // process waits for these (up to server.shutdown_timeout) before it stops serving.
+  int32_t in_flight() const { return in_flight_->load(); }
 
  private:
   Engine& engine_;
   std::string fingerprint_;
   std::atomic<bool> draining_{false};
+  // Shared with the export handles, which the connector may destroy after a drain gave up.
+  std::shared_ptr<std::atomic<int32_t>> in_flight_ = std::make_shared<std::atomic<int32_t>>(0);
 };
 
 // Counters of a decode deployment (rendered in /metrics as tessera_disagg_*).

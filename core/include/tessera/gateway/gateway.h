@@ -84,7 +84,8 @@ class Gateway {
   // SIGTERM: the engine endpoints this process serves (replica and prefill) refuse new calls
   // and fail health probes, so gateways send new requests elsewhere; calls in flight go on.
   void begin_drain();
-  // Requests this process is running for gateways (replicas.listen) now.
+  // Requests this process is running for gateways (replicas.listen) and prefills it is running
+  // or holding for decode engines (disaggregation role prefill) now.
   int32_t served_remote_in_flight() const;
   // Cancels the calls gateways and decode engines have in flight here (the drain's deadline).
   void stop_serving_remote();
