@@ -252,6 +252,11 @@ def wait_until(predicate, timeout=20):
     return False
 
 
+def longest_gap(times):
+    """The longest wait between two consecutive timestamps (a stream's stall), 0 if < 2."""
+    return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+
 STARTED_SERVERS = []  # every Server of this process, for print_crash_reports()
 
 

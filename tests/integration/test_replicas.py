@@ -98,7 +98,7 @@ def streamed(server, prompt, max_tokens, result, started, **kw):
         result["error"] = e
     result["text"] = "".join(text)
     result["t"] = time.time()
-    result["gap"] = max((b - a for a, b in zip(times, times[1:])), default=0.0)
+    result["gap"] = h.longest_gap(times)
     started.set()
 
 
@@ -297,7 +297,7 @@ def main():
         check(h.wait_until(lambda: labelled(gw, "tessera_replica_in_flight", survivor.address) == 0, 5),
               "the gateway has nothing in flight afterwards")
     finally:
-        h.print_crash_reports(STARTED + [gw, ref])
+        h.print_crash_reports()
         for s in STARTED + [gw, ref]:
             if s.proc and s.proc.poll() is None:
                 s.stop()

@@ -202,7 +202,7 @@ def main():
             except Exception as e:  # noqa: BLE001
                 result["error"] = e
             result["text"] = "".join(text)
-            result["gap"] = max((b - a for a, b in zip(times, times[1:])), default=0.0)
+            result["gap"] = h.longest_gap(times)
             first.set()
 
         t = threading.Thread(target=stream)
