@@ -23,11 +23,14 @@ quick_tests='^(unit_|conformance_|integration_cli_errors$)'
 # Tests whose point is threads: the pool, the engine loop, the HTTP server.
 # integration_replicas: the gateway's replica workers and health thread, drain, failover.
 # conformance_test_kv_connector_conformance: cancels racing a call's end, from another thread.
-tsan_tests='^(unit_test_ggml_math|conformance_test_scheduler_conformance|conformance_test_kv_connector_conformance|integration_test_engine_invariance|integration_server_robustness|integration_server_openai|integration_replicas)$'
+# integration_test_kv_import_pipelined: a transfer thread writes KV layers while a forward
+# reads the ones below.
+tsan_tests='^(unit_test_ggml_math|conformance_test_scheduler_conformance|conformance_test_kv_connector_conformance|integration_test_engine_invariance|integration_test_kv_import_pipelined|integration_server_robustness|integration_server_openai|integration_replicas)$'
 # What those need (the app, every in-tree plugin, the four test executables): the TSan pass
 # builds only these, not the whole tree.
 tsan_targets=(tessera tessera_plugins unit_test_ggml_math conformance_test_scheduler_conformance
-              conformance_test_kv_connector_conformance integration_test_engine_invariance)
+              conformance_test_kv_connector_conformance integration_test_engine_invariance
+              integration_test_kv_import_pipelined)
 
 # -O1 with minimal debug info (-g1: line tables): what the sanitizers' docs recommend (fast
 # enough to run the kernels, readable stacks) and much quicker to compile than -O2 -g.

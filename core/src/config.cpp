@@ -1193,17 +1193,24 @@ class StackValidator {
   }
 
   // `disaggregation: {role: both|prefill|decode, connector: {plugin: NAME, ...}, listen:
-  // HOST:PORT, prefill: [HOST:PORT, ...], transfer_timeout: DURATION}`.
+  // HOST:PORT, prefill: [HOST:PORT, ...], transfer_timeout: DURATION, pipelined_start: BOOL,
+  // layer_wait: DURATION}`.
   void validate_disaggregation(const TreeEntry& entry, const std::string& path, DisaggregationConfig* out) {
-    if (!check_keys(entry.value, path, {"role", "connector", "listen", "prefill", "transfer_timeout"})) return;
+    if (!check_keys(entry.value, path,
+                    {"role", "connector", "listen", "prefill", "transfer_timeout", "pipelined_start", "layer_wait"}))
+      return;
     static const ParamSpec kRole{"role", ParamType::kEnum, "both", "", -INFINITY, INFINITY, "both|prefill|decode"};
     static const ParamSpec kListen{"listen", ParamType::kString, "", ""};
     static const ParamSpec kPrefill{"prefill", ParamType::kStringList, "[]", ""};
     static const ParamSpec kTimeout{"transfer_timeout", ParamType::kDuration, "30s", "", 0.1, 3600};
+    static const ParamSpec kPipelined{"pipelined_start", ParamType::kBool, "true", ""};
+    static const ParamSpec kLayerWait{"layer_wait", ParamType::kDuration, "2s", "", 0.001, 3600};
     field(entry, path, kRole, &out->role);
     field(entry, path, kListen, &out->listen);
     field(entry, path, kPrefill, &out->prefill);
     field(entry, path, kTimeout, &out->transfer_timeout);
+    field(entry, path, kPipelined, &out->pipelined_start);
+    field(entry, path, kLayerWait, &out->layer_wait);
     const TreeEntry* connector = entry.value.find("connector");
     if (connector) {
       out->connector = validate_slot(connector->value, Position{connector->key_file, connector->key_mark},

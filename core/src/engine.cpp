@@ -48,6 +48,9 @@ struct Engine::Sequence {
   int32_t num_draft_tokens_fed = 0;      // for GenerationEvent
   int32_t num_draft_tokens_accepted = 0;
   RequestTimings timings;
+  // A disaggregated import scheduled before all its KV layers landed (layer-pipelined decode
+  // start): the sequence is in the scheduler and still in awaiting_kv_.
+  bool kv_pipelined = false;
   bool finished = false;
   bool finish_reported = false;  // the finished event has been delivered
   // Requests with prompt_logprobs: entry i is prompt token i + 1 (filled chunk by chunk).
@@ -141,8 +144,10 @@ Engine::Engine(EngineComponents components) : components_(std::move(components))
   if (!runner_)
     runner_ = std::make_unique<ModelRunner>(*c.model, *c.backend, *c.quantizer, *c.attention,
                                             kv_layout_, c.scheduler->max_batch_tokens());
+  gated_runner_ = dynamic_cast<LayerGatedForward*>(runner_.get());
   // Per-step scratch at its largest up front: steady-state steps do not allocate.
   const size_t max_seqs = static_cast<size_t>(c.scheduler->max_num_seqs());
+  import_failed_.reserve(max_seqs);
   runner_batch_.reserve(max_seqs);
   batch_sequences_.reserve(max_seqs);
   sampled_.reserve(kMaxDraftTokens + 1);
@@ -257,15 +262,24 @@ void Engine::drain_inbox() {
   std::vector<std::shared_ptr<Request>> incoming;
   std::vector<uint64_t> cancels;
   std::vector<std::pair<SeqId, Status>> landed;
+  std::vector<SeqId> started;
   std::vector<SeqId> released;
   {
     std::lock_guard<std::mutex> lock(inbox_mutex_);
     incoming.swap(inbox_requests_);
     cancels.swap(inbox_cancels_);
     landed.swap(inbox_kv_landed_);
+    started.swap(inbox_kv_started_);
     released.swap(inbox_export_releases_);
   }
   for (SeqId id : released) release_export(id);
+  for (SeqId id : started) {
+    try {
+      kv_started(id);
+    } catch (const std::exception& e) {
+      if (Sequence* seq = find_sequence(id)) finish(*seq, FinishReason::kError, internal_error(e.what()));
+    }
+  }
   for (const auto& [id, status] : landed) {
     try {
       kv_landed(id, status);
@@ -375,6 +389,16 @@ void Engine::admit_imported(Sequence& seq) {
   const std::span<const int32_t> table = components_.kv_cache->block_table(seq.info.id);
   const SeqId id = seq.info.id;
   awaiting_kv_[id] = seq.request->spec.kv_import;
+  // Layer-pipelined start needs a runner that asks before reading each layer.
+  std::function<void()> on_first_layer;
+  if (import.options().pipelined_start && gated_runner_)
+    on_first_layer = [this, id] {
+      {
+        std::lock_guard<std::mutex> lock(inbox_mutex_);
+        inbox_kv_started_.push_back(id);
+      }
+      inbox_ready_.notify_one();
+    };
   import.set_target(runner_.get(), std::vector<int32_t>(table.begin(), table.end()), kv_token_bytes_k_,
                     kv_token_bytes_v_, [this, id](const Status& st) {
                       {
@@ -382,7 +406,37 @@ void Engine::admit_imported(Sequence& seq) {
                         inbox_kv_landed_.emplace_back(id, st);
                       }
                       inbox_ready_.notify_one();
-                    });
+                    },
+                    std::move(on_first_layer));
+}
+
+void Engine::kv_started(SeqId id) {
+  if (!awaiting_kv_.count(id)) return;  // landed, failed or cancelled meanwhile
+  Sequence* seq = find_sequence(id);
+  if (!seq || seq->finished || seq->kv_pipelined) return;
+  // Scheduled as computed (its decode step feeds the first token); the step's forward waits
+  // for each layer before reading it. Its blocks are published to the prefix cache only
+  // once every layer is in place (kv_landed or the first step's commit).
+  seq->kv_pipelined = true;
+  seq->info.num_computed_tokens = seq->info.num_prompt_tokens;
+  seq->info.status = SequenceStatus::kRunning;
+  components_.scheduler->add(&seq->info);
+}
+
+void Engine::count_import(const KvImport& import) {
+  ++stats_.num_kv_imports;
+  stats_.kv_import_bytes += static_cast<uint64_t>(import.bytes_written());
+}
+
+void Engine::recompute_after_import(Sequence& seq) {
+  seq.kv_pipelined = false;
+  components_.scheduler->remove(seq.info.id);
+  components_.kv_cache->free(seq.info.id);
+  discard_drafts(seq, seq.info.num_draft_tokens);
+  seq.info.num_computed_tokens = 0;
+  seq.info.status = SequenceStatus::kWaiting;
+  ++stats_.num_kv_import_fallbacks;
+  components_.scheduler->add(&seq.info);
 }
 
 void Engine::kv_landed(SeqId id, const Status& status) {
@@ -393,12 +447,22 @@ void Engine::kv_landed(SeqId id, const Status& status) {
   import->detach();  // nothing writes into the blocks from here on
   Sequence* seq = find_sequence(id);
   if (!seq || seq->finished) return;
+  if (seq->kv_pipelined) {
+    // Already scheduled, and not yet stepped with every layer in place.
+    if (status.is_ok() || import->all_layers_landed()) {
+      seq->kv_pipelined = false;
+      components_.kv_cache->mark_computed(seq->info, seq->info.num_computed_tokens);
+      count_import(*import);
+    } else {
+      recompute_after_import(*seq);
+    }
+    return;
+  }
   if (status.is_ok()) {
     seq->info.num_computed_tokens = seq->info.num_prompt_tokens;
     seq->info.status = SequenceStatus::kRunning;
     components_.kv_cache->mark_computed(seq->info, seq->info.num_computed_tokens);
-    ++stats_.num_kv_imports;
-    stats_.kv_import_bytes += static_cast<uint64_t>(import->bytes_written());
+    count_import(*import);
   } else {
     // The transfer failed (the prefill process went away, a checksum): the rows written so
     // far are worthless; compute the prompt here, the first token already out.
@@ -407,6 +471,26 @@ void Engine::kv_landed(SeqId id, const Status& status) {
   }
   // Arriving computed, it runs at once (as a forked child does); otherwise it waits.
   components_.scheduler->add(&seq->info);
+}
+
+// After a step that fed a pipelined import's sequence: true when every layer was in place for
+// it (the import is finished here and the step's result stands), false when the transfer
+// failed or stalled (the result is discarded and the prompt computed here).
+bool Engine::settle_pipelined_import(Sequence& seq, bool failed) {
+  auto it = awaiting_kv_.find(seq.info.id);
+  std::shared_ptr<KvImport> import;
+  if (it != awaiting_kv_.end()) {
+    import = std::move(it->second);
+    awaiting_kv_.erase(it);
+    import->detach();
+  }
+  if (failed || !import || !import->all_layers_landed()) {
+    recompute_after_import(seq);
+    return false;
+  }
+  seq.kv_pipelined = false;
+  count_import(*import);
+  return true;
 }
 
 bool Engine::hold_for_export(Sequence& seq) {
@@ -651,6 +735,16 @@ void Engine::apply_plan() {
   for (SeqId id : plan_.preempted) {
     Sequence* s = find_sequence(id);
     if (!s) continue;
+    if (s->kv_pipelined) {
+      // Its blocks went back with the preemption: stop the transfer writing into them before
+      // anything computes over them this step.
+      s->kv_pipelined = false;
+      if (auto a = awaiting_kv_.find(id); a != awaiting_kv_.end()) {
+        a->second->detach();
+        awaiting_kv_.erase(a);
+      }
+      ++stats_.num_kv_import_fallbacks;
+    }
     // Recompute on resume: the prompt and everything generated so far is fed again.
     discard_drafts(*s, s->info.num_draft_tokens);
     s->info.num_computed_tokens = 0;
@@ -711,7 +805,41 @@ Status Engine::forward() {
   stats_.num_batch_tokens += batch_tokens;
   stats_.last_batch_size = static_cast<int32_t>(runner_batch_.size());
   stats_.last_batch_tokens = batch_tokens;
-  return runner_->forward(runner_batch_, &logits_);
+  import_failed_.assign(batch_sequences_.size(), 0);
+  bool pipelined = false;
+  for (const Sequence* seq : batch_sequences_) pipelined |= seq->kv_pipelined;
+  if (!pipelined) return runner_->forward(runner_batch_, &logits_);
+
+  // Some sequences' KV layers are still arriving: the runner asks before each layer.
+  class ImportGate final : public ForwardLayerGate {
+   public:
+    explicit ImportGate(Engine& engine) : engine_(engine) {}
+    void before_layer(int32_t layer) override {
+      for (size_t i = 0; i < engine_.batch_sequences_.size(); ++i) {
+        Sequence* seq = engine_.batch_sequences_[i];
+        if (!seq->kv_pipelined || engine_.import_failed_[i]) continue;
+        auto it = engine_.awaiting_kv_.find(seq->info.id);
+        if (it == engine_.awaiting_kv_.end()) {
+          engine_.import_failed_[i] = 1;
+          continue;
+        }
+        KvImport& import = *it->second;
+        const double t0 = engine_.now();
+        if (import.wait_layer(layer, import.options().layer_wait_seconds) != KvImport::LayerState::kLanded)
+          engine_.import_failed_[i] = 1;  // no row lands any more; this result is discarded
+        engine_.stats_.kv_layer_wait_seconds += engine_.now() - t0;
+      }
+    }
+
+   private:
+    Engine& engine_;
+  } gate(*this);
+  for (const Sequence* seq : batch_sequences_)
+    if (seq->kv_pipelined) {
+      auto it = awaiting_kv_.find(seq->info.id);
+      if (it != awaiting_kv_.end() && !it->second->all_layers_landed()) ++stats_.num_kv_pipelined_starts;
+    }
+  return gated_runner_->forward_gated(runner_batch_, &logits_, gate);
 }
 
 void Engine::sample_batch() {
@@ -723,6 +851,7 @@ void Engine::sample_batch() {
     float* first_row = logits_.data() + row * vocab;
     row += rs.num_logit_rows;
     if (seq.finished) continue;  // ended earlier this step (cancelled, rejected)
+    if (seq.kv_pipelined && !settle_pipelined_import(seq, import_failed_[i] != 0)) continue;
     // Before sampling: the sampler may modify its row in place.
     if (seq.prompt_logprobs_pending()) record_prompt_logprobs(seq, rs, first_row);
     if (rs.start_position + rs.num_tokens < seq.info.num_tokens()) {
@@ -912,7 +1041,7 @@ void Engine::propose_drafts() {
   draft_requests_.clear();
   draft_sequences_.clear();
   for (Sequence* seq : batch_sequences_) {
-    if (seq->finished || seq->info.is_prefill() || seq->info.num_draft_tokens > 0) continue;
+    if (seq->finished || seq->kv_pipelined || seq->info.is_prefill() || seq->info.num_draft_tokens > 0) continue;
     const int32_t room = std::min(components_.num_draft_tokens,
                                   std::min(seq->info.max_new_tokens - seq->info.num_generated() - 1,
                                            max_context_ - seq->info.num_tokens() - 1));
@@ -1159,7 +1288,7 @@ void Engine::start() {
         std::unique_lock<std::mutex> lock(inbox_mutex_);
         inbox_ready_.wait_for(lock, std::chrono::milliseconds(50), [this] {
           return !running_ || !inbox_requests_.empty() || !inbox_cancels_.empty() ||
-                 !inbox_kv_landed_.empty() || !inbox_export_releases_.empty();
+                 !inbox_kv_landed_.empty() || !inbox_kv_started_.empty() || !inbox_export_releases_.empty();
         });
       }
     }

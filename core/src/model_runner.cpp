@@ -114,6 +114,16 @@ void ModelRunner::add_bias(float* y, const std::vector<float>& bias, int64_t row
 }
 
 Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vector<float>* logits) {
+  return run_forward(sequences, logits, nullptr);
+}
+
+Status ModelRunner::forward_gated(std::span<const RunnerSequence> sequences, std::vector<float>* logits,
+                                  ForwardLayerGate& gate) {
+  return run_forward(sequences, logits, &gate);
+}
+
+Status ModelRunner::run_forward(std::span<const RunnerSequence> sequences, std::vector<float>* logits,
+                                ForwardLayerGate* gate) {
   const ModelHparams& hp = model_.hparams();
   int32_t num_rows = 0;
   int32_t num_logit_rows = 0;
@@ -182,6 +192,9 @@ Status ModelRunner::forward(std::span<const RunnerSequence> sequences, std::vect
     backend_.rope(k_.data(), positions_.data(), num_rows, hp.num_kv_heads, rope);
     backend_.store_kv(k_pools_[pool], layout_.k_dtype, k_.data(), slots_.data(), num_rows, kv_dim);
     backend_.store_kv(v_pools_[pool], layout_.v_dtype, v_.data(), slots_.data(), num_rows, kv_dim);
+    // Rows of this layer may still be arriving (a pipelined KV import): the pool is read from
+    // here on. The new rows stored above sit past the imported ones, in the same blocks.
+    if (gate) gate->before_layer(l);
     batch.k_pool = k_pools_[pool];
     batch.v_pool = v_pools_[pool];
     Status st = attention_.forward(local ? local_attention_shape_ : attention_shape_, batch,

@@ -144,7 +144,10 @@ def main():
         check(decode.wait_for_metric("tessera_kv_blocks_used", 0), "decode engine: no blocks used afterwards")
         n = labelled(decode, "tessera_disagg_remote_prefills_total")
         print(f"     {n:.0f} remote prefills, mean prefill call {labelled(decode, 'tessera_disagg_prefill_seconds_total') / n * 1e3:.1f} ms, "
-              f"mean transfer {labelled(decode, 'tessera_disagg_transfer_seconds_total') / n * 1e3:.2f} ms")
+              f"mean transfer {labelled(decode, 'tessera_disagg_transfer_seconds_total') / n * 1e3:.2f} ms; "
+              f"{labelled(decode, 'tessera_kv_transfer_pipelined_starts_total'):.0f} decode steps started before the "
+              f"last layer landed, {labelled(decode, 'tessera_kv_transfer_layer_wait_seconds_total') * 1e3:.1f} ms "
+              f"waited for layers inside them")
 
         # A decode engine with another KV layout is refused at startup, naming both.
         bad = h.Gateway(decode_yaml(prefill.grpc_port, "engine:\n  kv_cache: {plugin: paged, dtype: f32}\n"),

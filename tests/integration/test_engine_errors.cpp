@@ -87,12 +87,7 @@ Rig make_rig() {
   return r;
 }
 
-struct Outcome {
-  std::vector<TokenId> tokens;
-  bool finished = false;
-  FinishReason reason = FinishReason::kNone;
-  std::string error;
-};
+using test::Outcome;
 
 uint64_t submit(Engine& engine, const std::string& text, Outcome* o, uint64_t seed = 1, int32_t max_tokens = 8) {
   GenerationRequest r;
@@ -102,14 +97,7 @@ uint64_t submit(Engine& engine, const std::string& text, Outcome* o, uint64_t se
   r.params.has_seed = true;
   r.params.max_tokens = max_tokens;
   r.params.ignore_eos = true;
-  r.on_event = [o](const GenerationEvent& ev) {
-    for (const auto& t : ev.tokens) o->tokens.push_back(t.token);
-    if (ev.finished) {
-      o->finished = true;
-      o->reason = ev.finish_reason;
-      o->error = ev.error.message();
-    }
-  };
+  r.on_event = test::record_into(o);
   uint64_t id = 0;
   REQUIRE(engine.submit(std::move(r), &id).is_ok());
   return id;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "support/test_env.h"
 #include "tessera/config.h"
@@ -41,6 +42,26 @@ inline Stack make_stack(const std::string& name, const std::string& yaml,
   s.registry->scan_directory(plugin_dir());
   s.engine = build_engine(load_stack_config(path.string(), *s.registry), *s.registry);
   return s;
+}
+
+// What a request's events delivered: its tokens and how it ended.
+struct Outcome {
+  std::vector<TokenId> tokens;
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  std::string error;
+};
+
+// An event callback that records into *o (which must outlive the request).
+inline EventCallback record_into(Outcome* o) {
+  return [o](const GenerationEvent& ev) {
+    for (const auto& t : ev.tokens) o->tokens.push_back(t.token);
+    if (ev.finished) {
+      o->finished = true;
+      o->reason = ev.finish_reason;
+      o->error = ev.error.message();
+    }
+  };
 }
 
 // With no live sequence, every KV block and slot is free again.

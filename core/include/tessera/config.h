@@ -84,6 +84,8 @@ struct DisaggregationConfig {
   std::string listen;                  // prefill: host:port (port 0: any free one)
   std::vector<std::string> prefill;    // decode: the prefill engines' host:port
   double transfer_timeout = 30;        // decode: a remote prefill and its transfer, at most
+  bool pipelined_start = true;         // decode: start decoding before the last KV layer lands
+  double layer_wait = 2;               // decode: a pipelined step waits this long per layer
 };
 
 // `replicas:` — several engine processes serve one deployment (docs/replicas.md). An engine

@@ -166,6 +166,10 @@ struct EngineStats {
   uint64_t num_kv_import_fallbacks = 0;
   uint64_t kv_import_bytes = 0;
   int32_t num_waiting_for_kv = 0;
+  // Layer-pipelined decode start: decode steps that began before the sequence's last KV
+  // layer landed, and the time such steps waited for layers inside the forward.
+  uint64_t num_kv_pipelined_starts = 0;
+  double kv_layer_wait_seconds = 0;
   KvStats kv;
 };
 
@@ -230,6 +234,13 @@ class Engine {
   // Disaggregation.
   void admit_imported(Sequence& seq);     // emits the first token, allocates, waits for KV
   void kv_landed(SeqId id, const Status& status);  // from the inbox
+  void kv_started(SeqId id);  // from the inbox: a pipelined import's first layer landed
+  // A pipelined import ended before the sequence's step could use it: its blocks are freed
+  // and the prompt is computed here (the first token is already out).
+  void recompute_after_import(Sequence& seq);
+  // The import of a sequence that left awaiting_kv_ with every layer in place.
+  void count_import(const KvImport& import);
+  bool settle_pipelined_import(Sequence& seq, bool failed);
   // A finished kv_export sequence: true when it keeps its blocks for the transfer.
   bool hold_for_export(Sequence& seq);
   void release_export(SeqId id);          // from the inbox: the transfer is over
@@ -275,6 +286,10 @@ class Engine {
   int32_t max_context_ = 0;
   KvLayout kv_layout_;
   std::unique_ptr<ForwardRunner> runner_;  // the backend's, or the core ModelRunner
+  LayerGatedForward* gated_runner_ = nullptr;  // runner_'s capability, when it has it
+  // Per batch entry this step: 1 when the sequence's pipelined import failed during the
+  // forward (its rows are worthless and its result is discarded).
+  std::vector<uint8_t> import_failed_;
   // What the scheduler sees of the KV cache: the configured one, with no prefix hits for
   // sequences that need prompt logits.
   std::unique_ptr<PromptLogprobsKvView> scheduler_kv_;
@@ -307,7 +322,8 @@ class Engine {
   std::thread mask_worker_;  // running between prepare_masks and wait_for_masks
   double mask_prepare_seconds_ = 0;  // the helper's time this step
   bool batch_has_drafts_ = false;
-  // Disaggregation, engine thread: sequences whose KV is in flight (not in the scheduler),
+  // Disaggregation, engine thread: sequences whose KV is in flight (not in the scheduler,
+  // unless Sequence::kv_pipelined),
   // and finished prefills whose blocks are held for a transfer.
   std::map<SeqId, std::shared_ptr<KvImport>> awaiting_kv_;
   std::map<SeqId, std::shared_ptr<KvExport>> held_exports_;
@@ -323,6 +339,7 @@ class Engine {
   std::vector<std::shared_ptr<Request>> inbox_requests_;
   std::vector<uint64_t> inbox_cancels_;
   std::vector<std::pair<SeqId, Status>> inbox_kv_landed_;
+  std::vector<SeqId> inbox_kv_started_;
   std::vector<SeqId> inbox_export_releases_;
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<bool> running_{false};

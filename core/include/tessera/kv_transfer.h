@@ -59,9 +59,22 @@ class KvExport {
 
 class KvImport {
  public:
+  // Layer-pipelined decode start: the engine may schedule the sequence once its first layer
+  // landed, running its first step while later layers still arrive; before that step reads
+  // layer L it waits (at most `layer_wait_seconds` per layer) for layer L. A stalled or
+  // failed transfer makes the engine discard that step's result for the sequence and compute
+  // the prompt itself. Off: the sequence waits until every layer landed.
+  struct Options {
+    bool pipelined_start = true;
+    double layer_wait_seconds = 2.0;
+  };
+  enum class LayerState { kLanded, kFailed };
+
   // `prefilled`: the remote prefill's result (first token, random stream, num_kv_tokens).
-  explicit KvImport(PrefillResult prefilled) : prefilled_(std::move(prefilled)) {}
+  explicit KvImport(PrefillResult prefilled) : KvImport(std::move(prefilled), Options{}) {}
+  KvImport(PrefillResult prefilled, Options options);
   const PrefillResult& prefilled() const { return prefilled_; }
+  const Options& options() const { return options_; }
 
   // Transfer thread. Waits until the engine allocated the blocks (ok), or decided it will
   // not take the rows (the error says why: no free blocks, the request was cancelled).
@@ -72,17 +85,30 @@ class KvImport {
   // prompt itself. Only the first call counts.
   void complete(const Status& status);
 
-  // Engine thread.
+  // Engine thread. `on_first_layer` (may be empty) runs on the transfer thread after the
+  // first layer landed: the engine may schedule the sequence from then on.
   void set_target(ForwardRunner* runner, std::vector<int32_t> block_table, size_t k_token_bytes,
-                  size_t v_token_bytes, std::function<void(const Status&)> on_complete);
+                  size_t v_token_bytes, std::function<void(const Status&)> on_complete,
+                  std::function<void()> on_first_layer = nullptr);
   void refuse(const Status& why);  // no blocks will be given (before or instead of set_target)
   void detach();                   // the blocks are about to be freed: no write lands after this
   int64_t bytes_written() const;
+  // Engine thread, inside a step's forward: waits until layer `layer` landed (kLanded), or
+  // the transfer failed or was detached (kFailed). After waiting `timeout_seconds` the
+  // import detaches itself, so no row lands in the blocks after a kFailed answer.
+  LayerState wait_layer(int32_t layer, double timeout_seconds);
+  bool all_layers_landed() const;
+  int32_t layers_landed() const;
 
  private:
   PrefillResult prefilled_;
+  Options options_;
   mutable std::mutex mutex_;
   std::condition_variable target_cv_;
+  std::condition_variable layer_cv_;
+  int32_t layers_landed_ = 0;  // layers 0..layers_landed_-1 are written (they arrive in order)
+  bool failed_ = false;        // complete() with an error
+  std::function<void()> on_first_layer_;
   bool decided_ = false;   // set_target or refuse happened
   bool attached_ = false;
   bool completed_ = false;

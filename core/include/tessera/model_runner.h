@@ -19,7 +19,7 @@ namespace tessera {
 // The SDK type (tessera/sdk/forward.h), so device runners take the same batches.
 using RunnerSequence = ForwardSequence;
 
-class ModelRunner final : public ForwardRunner {
+class ModelRunner final : public ForwardRunner, public LayerGatedForward {
  public:
   // Allocates the KV pool described by `layout` and scratch for `max_batch_tokens` rows.
   // `layers` (ascending, distinct) runs only those layers before the output head, with a KV
@@ -34,6 +34,10 @@ class ModelRunner final : public ForwardRunner {
   // Writes [sum of num_logit_rows][vocab_size] logits in batch order into *logits (resized
   // only when it grows).
   Status forward(std::span<const RunnerSequence> sequences, std::vector<float>* logits) override;
+  // The same, asking `gate` before each layer's attention reads its KV pool (layer-pipelined
+  // decode start, tessera/sdk/forward.h).
+  Status forward_gated(std::span<const RunnerSequence> sequences, std::vector<float>* logits,
+                       ForwardLayerGate& gate) override;
   // Copies whole blocks (all layers, K and V): copy-on-write after forks.
   void copy_blocks(std::span<const BlockCopy> copies) override;
 
@@ -47,6 +51,8 @@ class ModelRunner final : public ForwardRunner {
                         const uint8_t* k_in, const uint8_t* v_in) override;
 
  private:
+  Status run_forward(std::span<const RunnerSequence> sequences, std::vector<float>* logits,
+                     ForwardLayerGate* gate);
   void ensure_capacity(int32_t num_rows, int32_t num_logit_rows);
   void matmul(const PreparedWeight& w, const float* x, int64_t rows, float* y);
   // Weights that share an input (q/k/v, gate/up): one pass when the quantizer can group them.

@@ -172,7 +172,7 @@ struct DisaggregatedDeployment::Call final : public KvImportSink {
                   result.tokens);
       return Status::ok();
     }
-    import = std::make_shared<KvImport>(result);
+    import = std::make_shared<KvImport>(result, owner->import_options_);
     GenerationRequest decode = g;
     decode.kv_import = import;
     std::shared_ptr<RequestSink> s = sink;
@@ -218,11 +218,12 @@ bool transferable(const GenerationRequest& g) { return g.n == 1 && g.prompt_logp
 DisaggregatedDeployment::DisaggregatedDeployment(std::string name, Engine& engine,
                                                  std::shared_ptr<KvConnector> connector,
                                                  std::vector<std::string> prefill_addresses, double timeout,
-                                                 int num_workers)
+                                                 KvImport::Options import_options, int num_workers)
     : EngineDeployment(std::move(name), engine),
       connector_(std::move(connector)),
       prefill_addresses_(std::move(prefill_addresses)),
       timeout_(timeout),
+      import_options_(import_options),
       fingerprint_(engine.kv_fingerprint()),
       workers_(std::make_unique<BlockingCallWorkers<Call>>(num_workers,
                                                            [this](const std::shared_ptr<Call>& call) { run(call); })) {}

@@ -94,8 +94,9 @@ std::unique_ptr<Gateway> Gateway::build(const StackConfig& config, PluginRegistr
         throw std::runtime_error(where + ".listen: " + st.message());
       g->prefill_endpoints_.push_back(names[i] + " " + bound);
     } else {
-      auto d = std::make_shared<DisaggregatedDeployment>(names[i], *g->engines_[i], connector, dis.prefill,
-                                                         dis.transfer_timeout);
+      auto d = std::make_shared<DisaggregatedDeployment>(
+          names[i], *g->engines_[i], connector, dis.prefill, dis.transfer_timeout,
+          KvImport::Options{dis.pipelined_start, dis.layer_wait});
       std::vector<std::string> warnings;
       if (Status st = d->check_prefill_engines(&warnings); !st.is_ok()) throw std::runtime_error(where + ": " + st.message());
       for (const std::string& w : warnings)
@@ -299,6 +300,14 @@ void Gateway::render_disaggregation_metrics(std::string* out) const {
   line("tessera_kv_transfer_import_fallbacks_total", "counter", "imports whose prompt the decode engine computed itself");
   for (size_t i = 0; i < engines_.size(); ++i) sample("tessera_kv_transfer_import_fallbacks_total", deployments_[i]->name(),
                                                       double(engines_[i]->stats().num_kv_import_fallbacks));
+  line("tessera_kv_transfer_pipelined_starts_total", "counter",
+       "decode steps that began before the sequence's last KV layer landed");
+  for (size_t i = 0; i < engines_.size(); ++i) sample("tessera_kv_transfer_pipelined_starts_total", deployments_[i]->name(),
+                                                      double(engines_[i]->stats().num_kv_pipelined_starts));
+  line("tessera_kv_transfer_layer_wait_seconds_total", "counter",
+       "time pipelined decode steps waited inside the forward for KV layers to land");
+  for (size_t i = 0; i < engines_.size(); ++i) sample("tessera_kv_transfer_layer_wait_seconds_total", deployments_[i]->name(),
+                                                      engines_[i]->stats().kv_layer_wait_seconds);
 }
 
 Gateway::Gateway(std::vector<std::string> names, std::vector<std::unique_ptr<Engine>> engines,

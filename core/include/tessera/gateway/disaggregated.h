@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tessera/engine.h"
+#include "tessera/kv_transfer.h"
 #include "tessera/gateway/blocking_call_workers.h"
 #include "tessera/gateway/deployment.h"
 #include "tessera/sdk/kv_connector.h"
@@ -63,9 +64,11 @@ struct DisaggregationStats {
 // request is started differs.
 class DisaggregatedDeployment final : public EngineDeployment {
  public:
-  // `prefill_addresses` are tried in order per request; `timeout` bounds one remote call.
+  // `prefill_addresses` are tried in order per request; `timeout` bounds one remote call;
+  // `import_options` say whether decoding may start before the last layer landed.
   DisaggregatedDeployment(std::string name, Engine& engine, std::shared_ptr<KvConnector> connector,
-                          std::vector<std::string> prefill_addresses, double timeout, int num_workers = 32);
+                          std::vector<std::string> prefill_addresses, double timeout,
+                          KvImport::Options import_options = {}, int num_workers = 32);
   ~DisaggregatedDeployment() override;
   // Cancels queued and in-flight transfers and joins the workers (before the engine stops).
   void shutdown();
@@ -88,6 +91,7 @@ class DisaggregatedDeployment final : public EngineDeployment {
   std::shared_ptr<KvConnector> connector_;
   std::vector<std::string> prefill_addresses_;
   double timeout_;
+  KvImport::Options import_options_;
   std::string fingerprint_;
 
   mutable std::mutex stats_mutex_;

@@ -35,6 +35,8 @@
 // 2.11 replicas: KvPrefillHost::generate and ::draining, KvConnector::remote_generate
 // (virtuals with defaults, appended), RemoteGenerateRequest, RemoteEvent, RemoteEventSink;
 // RouteRequest::candidates (appended) and RouteCandidate.
+// 2.12 layer-pipelined decode start: ForwardLayerGate and LayerGatedForward, a new optional
+// capability of a ForwardRunner (tessera/sdk/forward.h; no existing vtable changed).
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -48,7 +50,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 11
+#define TESSERA_SDK_ABI_MINOR 12
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

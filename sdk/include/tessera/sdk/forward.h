@@ -93,6 +93,29 @@ class ForwardRunner {
   }
 };
 
+// Layer-pipelined decode start (SDK 2.12). A disaggregated decode engine may run a step for a
+// sequence whose KV rows are still arriving layer by layer: before the pass reads layer L's
+// KV pool, it asks the gate, which returns once every row the batch needs in that layer is in
+// place (or the engine gave up on a sequence whose rows stalled; that sequence's results are
+// then discarded). Rows of layers above L may still be written by a transfer thread while
+// layer L computes: a runner must not read a layer's pool before its gate call.
+class ForwardLayerGate {
+ public:
+  virtual ~ForwardLayerGate() = default;
+  // Called on the forward's thread once per layer, ascending (the model's layer index).
+  virtual void before_layer(int32_t layer) = 0;
+};
+
+// Optional capability of a ForwardRunner (discover with dynamic_cast<LayerGatedForward*>): the
+// same forward, with `gate` asked before each layer reads its KV pool. A runner without it is
+// only given a sequence once every layer of its KV has landed.
+class LayerGatedForward {
+ public:
+  virtual ~LayerGatedForward() = default;
+  virtual Status forward_gated(std::span<const ForwardSequence> sequences, std::vector<float>* logits,
+                               ForwardLayerGate& gate) = 0;
+};
+
 // Optional capability of a Backend (discover with dynamic_cast<ForwardRunnerProvider*>).
 class ForwardRunnerProvider {
  public:
