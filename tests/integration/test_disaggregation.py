@@ -206,6 +206,37 @@ def main():
         decode2.stop()
         corrupt.stop()
 
+    # Remote calls that outlive the decode side's deadline (what a slow prefill engine, e.g.
+    # under a sanitizer, does): the decode engine gives up and computes the prompts itself; the
+    # prefill engine must cancel or release every one of them, whatever stage it reached.
+    slow = h.Gateway(decode_yaml(prefill.grpc_port).replace("transfer_timeout: 30s", "transfer_timeout: 0.2s"),
+                     "decode-deadline").start()
+    try:
+        unique = [f"Request {i}. " + PROMPTS[-1] for i in range(4)]  # no prefix-cache hit on either side
+        wants = [complete(ref, p, temperature=0, max_tokens=8) for p in unique]
+        results = {}
+
+        def run_slow(i):
+            results[i] = complete(slow, unique[i], temperature=0, max_tokens=8)
+
+        threads = [threading.Thread(target=run_slow, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        check(all(results[i] == wants[i] for i in range(4)),
+              "transfer_timeout 0.2s, 4 concurrent ~800-token prompts: each identical to colocated")
+        gave_up = ((labelled(slow, "tessera_disagg_local_prefills_total") or 0) +
+                   (labelled(slow, "tessera_disagg_transfer_failures_total") or 0))
+        check(gave_up >= 1, f"... the decode engine gave up on {gave_up:.0f} of 4 remote calls at the deadline")
+        check(prefill.wait_for_metric("tessera_kv_blocks_used", 0) and
+              wait_labelled(prefill, "tessera_kv_transfer_held_exports", 0) and
+              slow.wait_for_metric("tessera_kv_blocks_used", 0),
+              "... the prefill engine cancelled or released every abandoned call: no block used or held on "
+              "either side")
+    finally:
+        slow.stop()
+
     # A decode engine that is also a replica: a gateway (replicas.endpoints, local: false) in
     # front of it; each request's prompt is computed by the prefill engine, its KV moved to the
     # decode engine, and its tokens streamed on to the gateway.

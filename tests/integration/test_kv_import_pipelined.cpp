@@ -187,7 +187,9 @@ TEST_CASE("an imported sequence decodes before its last KV layer lands, with ide
   REQUIRE(want.size() == static_cast<size_t>(kMaxTokens));
 
   Script slow;
-  slow.pause_after_first_layer = 0.2;  // the step surely starts while layers 1.. are missing
+  // Long enough that the engine's next step starts while layers 1.. are missing, even under a
+  // sanitizer (a step there takes a few hundred ms).
+  slow.pause_after_first_layer = 1.0;
   slow.pause_per_layer = 0.002;
   Outcome local;
   const Imported got = run_import(rig, slow, KvImport::Options{true, 5.0}, &local);
