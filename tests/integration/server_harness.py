@@ -126,7 +126,7 @@ class Server:
         m = re.search(rf"^{re.escape(name)} ([-+\d.e]+)$", self.metrics(), re.M)
         return float(m.group(1)) if m else None
 
-    def wait_for_metric(self, name, value, timeout=20):
+    def wait_for_metric(self, name, value, timeout=20 * TIMEOUT_SCALE):
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.metric(name) == value:

@@ -33,16 +33,19 @@ LAYERS = 30
 KV_BYTES_PER_TOKEN_LAYER = 2 * 3 * 64 * 2  # K and V, 3 KV heads of 64 f16 values
 
 
+# Under a sanitizer (h.TIMEOUT_SCALE > 1) prefills run several times slower: the transfer
+# deadline and the drain's grace period grow with the client-side timeouts.
 def prefill_yaml(extra=""):
     return (f"extends: {h.DEFAULT_STACK}\n"
+            f"server:\n  shutdown_timeout: {10 * h.TIMEOUT_SCALE}s\n"
             "disaggregation:\n  role: prefill\n  listen: 127.0.0.1:0\n"
             f"  connector: {{plugin: grpc{extra}}}\n")
 
 
-def decode_yaml(prefill_port, engine_extra=""):
+def decode_yaml(prefill_port, engine_extra="", transfer_timeout=f"{30 * h.TIMEOUT_SCALE}s"):
     return (f"extends: {h.DEFAULT_STACK}\n{engine_extra}"
             "disaggregation:\n  role: decode\n  connector: {plugin: grpc}\n"
-            f"  prefill: [127.0.0.1:{prefill_port}]\n  transfer_timeout: 30s\n")
+            f"  prefill: [127.0.0.1:{prefill_port}]\n  transfer_timeout: {transfer_timeout}\n")
 
 
 def start_prefill(name, extra=""):
@@ -63,7 +66,7 @@ def labelled(server, name):
     return float(m.group(1)) if m else None
 
 
-def wait_labelled(server, name, value, timeout=20):
+def wait_labelled(server, name, value, timeout=20 * h.TIMEOUT_SCALE):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if labelled(server, name) == value:
@@ -209,8 +212,7 @@ def main():
     # Remote calls that outlive the decode side's deadline (what a slow prefill engine, e.g.
     # under a sanitizer, does): the decode engine gives up and computes the prompts itself; the
     # prefill engine must cancel or release every one of them, whatever stage it reached.
-    slow = h.Gateway(decode_yaml(prefill.grpc_port).replace("transfer_timeout: 30s", "transfer_timeout: 0.2s"),
-                     "decode-deadline").start()
+    slow = h.Gateway(decode_yaml(prefill.grpc_port, transfer_timeout="0.2s"), "decode-deadline").start()
     try:
         unique = [f"Request {i}. " + PROMPTS[-1] for i in range(4)]  # no prefix-cache hit on either side
         wants = [complete(ref, p, temperature=0, max_tokens=8) for p in unique]
