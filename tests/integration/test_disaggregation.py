@@ -34,7 +34,8 @@ KV_BYTES_PER_TOKEN_LAYER = 2 * 3 * 64 * 2  # K and V, 3 KV heads of 64 f16 value
 
 
 # Under a sanitizer (h.TIMEOUT_SCALE > 1) prefills run several times slower: the transfer
-# deadline and the drain's grace period grow with the client-side timeouts.
+# deadline, a pipelined step's wait per KV layer and the drain's grace period grow with the
+# client-side timeouts.
 def prefill_yaml(extra=""):
     return (f"extends: {h.DEFAULT_STACK}\n"
             f"server:\n  shutdown_timeout: {10 * h.TIMEOUT_SCALE}s\n"
@@ -45,7 +46,8 @@ def prefill_yaml(extra=""):
 def decode_yaml(prefill_port, engine_extra="", transfer_timeout=f"{30 * h.TIMEOUT_SCALE}s"):
     return (f"extends: {h.DEFAULT_STACK}\n{engine_extra}"
             "disaggregation:\n  role: decode\n  connector: {plugin: grpc}\n"
-            f"  prefill: [127.0.0.1:{prefill_port}]\n  transfer_timeout: {transfer_timeout}\n")
+            f"  prefill: [127.0.0.1:{prefill_port}]\n  transfer_timeout: {transfer_timeout}\n"
+            f"  layer_wait: {2 * h.TIMEOUT_SCALE}s\n")
 
 
 def start_prefill(name, extra=""):
