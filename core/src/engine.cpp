@@ -514,15 +514,16 @@ bool Engine::hold_for_export(Sequence& seq) {
   const std::span<const int32_t> table = components_.kv_cache->block_table(seq.info.id);
   const SeqId id = seq.info.id;
   held_exports_[id] = seq.request->spec.kv_export;
-  exp.set_ready(std::move(result), runner_.get(), std::vector<int32_t>(table.begin(), table.end()),
-                kv_token_bytes_k_, kv_token_bytes_v_, [this, id] {
-                  {
-                    std::lock_guard<std::mutex> lock(inbox_mutex_);
-                    inbox_export_releases_.push_back(id);
-                  }
-                  inbox_ready_.notify_one();
-                });
-  return true;
+  const bool held = exp.set_ready(std::move(result), runner_.get(), std::vector<int32_t>(table.begin(), table.end()),
+                                  kv_token_bytes_k_, kv_token_bytes_v_, [this, id] {
+                                    {
+                                      std::lock_guard<std::mutex> lock(inbox_mutex_);
+                                      inbox_export_releases_.push_back(id);
+                                    }
+                                    inbox_ready_.notify_one();
+                                  });
+  if (!held) held_exports_.erase(id);  // abandoned meanwhile: the caller frees the blocks
+  return held;
 }
 
 void Engine::release_export(SeqId id) {

@@ -27,6 +27,7 @@ void KvExport::release() {
   std::function<void()> callback;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    released_ = true;
     if (!attached_) return;
     attached_ = false;
     callback = std::move(on_release_);
@@ -35,10 +36,16 @@ void KvExport::release() {
   if (callback) callback();
 }
 
-void KvExport::set_ready(PrefillResult result, const ForwardRunner* runner, std::vector<int32_t> block_table,
+bool KvExport::set_ready(PrefillResult result, const ForwardRunner* runner, std::vector<int32_t> block_table,
                          size_t k_token_bytes, size_t v_token_bytes, std::function<void()> on_release) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // The host gave up on this prefill (its call was cancelled or timed out) before it
+    // finished: holding the blocks would keep them until the engine stops.
+    if (released_) {
+      ready_ = true;
+      return false;
+    }
     result_ = std::move(result);
     runner_ = runner;
     block_table_ = std::move(block_table);
@@ -49,6 +56,7 @@ void KvExport::set_ready(PrefillResult result, const ForwardRunner* runner, std:
     ready_ = true;
   }
   ready_cv_.notify_all();
+  return true;
 }
 
 void KvExport::set_failed(PrefillResult result) {

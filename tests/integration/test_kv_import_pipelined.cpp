@@ -7,7 +7,8 @@
 //   - the transfer fails after some layers, or stalls past layer_wait: the step's result for
 //     that sequence is discarded, the prompt is computed on the decode engine, the output is
 //     still identical, and no block is left on either engine;
-//   - pipelined_start off: the sequence waits for the last layer, as before.
+//   - pipelined_start off: the sequence waits for the last layer, as before;
+//   - on the prefill side, an export released before its prefill finished holds nothing.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -256,5 +257,33 @@ TEST_CASE("pipelined_start off: an imported sequence waits for its last KV layer
   CHECK(s.kv_layer_wait_seconds == 0);
   CHECK(s.num_kv_imports == 1);
   test::check_all_blocks_free(*rig.decode);
+  test::check_all_blocks_free(*rig.prefill);
+}
+
+// The prefill side's race: its host gives up waiting (the decode side's call was cancelled or
+// timed out) and releases the export while the prefill still runs; the prefill then finishes
+// normally. Before 2026-12-05 the engine held the blocks for a transfer nobody would read or
+// release, until the process stopped (seen under TSan, where a prefill outlasts the host's wait).
+TEST_CASE("an export released before its prefill finished holds no blocks") {
+  if (!test::have_real_model()) return;
+  Rig rig = make_rig();
+  auto first = std::make_shared<Outcome>();
+  // Several chunks (chunk_size 32): the prefill is still running after the first step.
+  const std::string prompt = std::string(kPrompt) + " " + kPrompt + " " + kPrompt;
+  GenerationRequest r = greedy(*rig.prefill, prompt, first.get());
+  REQUIRE(r.prompt.size() > 64);
+  r.params.max_tokens = 1;
+  r.on_event = test::record_into(first.get());
+  auto exp = std::make_shared<KvExport>();
+  r.kv_export = exp;
+  uint64_t id = 0;
+  REQUIRE(rig.prefill->submit(std::move(r), &id).is_ok());
+  rig.prefill->step();  // admitted, the first chunks computed
+  REQUIRE(!first->finished);
+  exp->release();       // the host gave up
+  rig.prefill->run_until_idle();
+  CHECK(first->finished);
+  CHECK(exp->wait_ready(1.0));
+  CHECK(rig.prefill->stats().num_held_exports == 0);
   test::check_all_blocks_free(*rig.prefill);
 }

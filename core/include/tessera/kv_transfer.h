@@ -37,10 +37,14 @@ class KvExport {
   // Layer `layer`'s payloads (tessera/sdk/kv_connector.h). Fails once released.
   Status read_layer(int32_t layer, std::vector<uint8_t>* k, std::vector<uint8_t>* v);
   // The transfer is over (acknowledged or abandoned): the engine frees the blocks. Idempotent.
+  // Called before the prefill is ready (the caller gave up waiting), it also makes the later
+  // set_ready refuse to hold the blocks.
   void release();
 
   // Engine thread.
-  void set_ready(PrefillResult result, const ForwardRunner* runner, std::vector<int32_t> block_table,
+  // False when the export was released already (nobody will read or release it): the engine
+  // frees the blocks at once instead of holding them.
+  bool set_ready(PrefillResult result, const ForwardRunner* runner, std::vector<int32_t> block_table,
                  size_t k_token_bytes, size_t v_token_bytes, std::function<void()> on_release);
   void set_failed(PrefillResult result);  // no KV to hand out (an error, or the first token ended it)
   void detach();  // the engine goes away: refuse further reads, call nothing back
@@ -50,6 +54,7 @@ class KvExport {
   std::condition_variable ready_cv_;
   bool ready_ = false;
   bool attached_ = false;
+  bool released_ = false;  // release() was called: the transfer side is gone
   PrefillResult result_;
   const ForwardRunner* runner_ = nullptr;
   std::vector<int32_t> block_table_;
