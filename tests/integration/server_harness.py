@@ -4,6 +4,7 @@ The server binds port 0 and prints the address it got; the harness reads it from
 Tests skip (exit 77) when the real model or the Python client packages are missing, unless
 TESSERA_REQUIRE_MODEL=1 (scripts/test.sh sets it), where that is a failure.
 """
+import atexit
 import os
 import re
 import signal
@@ -258,6 +259,17 @@ def longest_gap(times):
 
 
 STARTED_SERVERS = []  # every Server of this process, for print_crash_reports()
+
+
+@atexit.register
+def _kill_leftover_servers():
+    """No server outlives its test: one that ends on an exception before its stop() calls (a
+    failed step under a sanitizer, say) would otherwise leave its servers running, loading the
+    CPUs under the tests after it."""
+    for s in STARTED_SERVERS:
+        if s.proc is not None and s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
 
 
 def print_crash_reports(servers=None):
