@@ -155,6 +155,7 @@ class Redis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        STARTED_HELPERS.append(self.proc)
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
@@ -259,17 +260,18 @@ def longest_gap(times):
 
 
 STARTED_SERVERS = []  # every Server of this process, for print_crash_reports()
+STARTED_HELPERS = []  # every other process a test started through this module (redis-server)
 
 
 @atexit.register
 def _kill_leftover_servers():
     """No server outlives its test: one that ends on an exception before its stop() calls (a
     failed step under a sanitizer, say) would otherwise leave its servers running, loading the
-    CPUs under the tests after it."""
-    for s in STARTED_SERVERS:
-        if s.proc is not None and s.proc.poll() is None:
-            s.proc.kill()
-            s.proc.wait()
+    CPUs under the tests after it. The same for a redis-server whose kill() was never reached."""
+    for proc in [s.proc for s in STARTED_SERVERS] + STARTED_HELPERS:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def print_crash_reports(servers=None):
