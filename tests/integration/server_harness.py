@@ -88,7 +88,9 @@ class Server:
             ready.set()
 
         threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(timeout) or self.port is None:
+        # Loading repacks every weight: under a sanitizer that alone can outlast the plain
+        # build's limit on a busy machine, so the limit scales like the clients' timeouts.
+        if not ready.wait(request_timeout(timeout)) or self.port is None:
             self.proc.kill()
             raise RuntimeError("server did not start:\n" + "".join(self.stderr_lines))
         return self
