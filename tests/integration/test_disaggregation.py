@@ -289,11 +289,11 @@ def main():
         for t in threads:
             t.start()
         h.wait_until(lambda: (labelled(drained, "tessera_deployment_running_sequences") or 0) > 0 or
-                     (labelled(drained, "tessera_kv_transfer_held_exports") or 0) > 0, 20)
+                     (labelled(drained, "tessera_kv_transfer_held_exports") or 0) > 0, 20 * h.TIMEOUT_SCALE)
         drained.proc.send_signal(signal.SIGTERM)
         for t in threads:
-            t.join(120)
-        rc = drained.proc.wait(120)
+            t.join(120 * h.TIMEOUT_SCALE)
+        rc = drained.proc.wait(120 * h.TIMEOUT_SCALE)
         wants = {i: complete(ref, LONG_PROMPT + f"\nQuestion {i}: what came last?", max_tokens=16, temperature=0)
                  for i in range(4)}
         remote, local = (labelled(decode4, "tessera_disagg_remote_prefills_total"),
