@@ -1,7 +1,8 @@
 // A complete, tiny sampler plugin for the registry and config tests: greedy (argmax) sampling
 // and greedy draft verification, with parameters of every ParamType so schema handling can be
 // tested end to end. Built several times under different names and SDK ABI versions (see
-// CMakeLists.txt).
+// CMakeLists.txt). Not a test itself: tests/unit/test_plugin_registry.cpp and
+// tests/unit/test_config.cpp load it and assert on what it does.
 #include <tessera/sdk.h>
 
 #include <algorithm>
