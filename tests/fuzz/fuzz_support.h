@@ -23,16 +23,25 @@
 
 namespace tessera::fuzz {
 
-// A per-process scratch folder under $TMPDIR, created once.
+// A per-process scratch folder under $TMPDIR, created once and removed when the process
+// exits normally (a replay run or a fuzzing session that ends; a crash keeps it, with the
+// input that crashed).
 inline const std::filesystem::path& scratch_dir() {
-  static const std::filesystem::path dir = [] {
-    const char* tmp = std::getenv("TMPDIR");
-    std::filesystem::path d = std::filesystem::path(tmp && *tmp ? tmp : "/tmp") /
-                              ("tessera-fuzz-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
+  struct Scratch {
+    std::filesystem::path dir;
+    Scratch() {
+      const char* tmp = std::getenv("TMPDIR");
+      dir = std::filesystem::path(tmp && *tmp ? tmp : "/tmp") /
+            ("tessera-fuzz-" + std::to_string(::getpid()));
+      std::filesystem::create_directories(dir);
+    }
+    ~Scratch() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  };
+  static const Scratch scratch;
+  return scratch.dir;
 }
 
 // Writes the fuzzer's bytes to scratch_dir()/name, replacing what was there.

@@ -7,6 +7,7 @@ TESSERA_REQUIRE_MODEL=1 (scripts/test.sh sets it), where that is a failure.
 import atexit
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +25,18 @@ SKIP = 77
 # A sanitizer build (scripts/sanitize.sh sets TESSERA_SANITIZER) runs the server 2-15x slower:
 # client-side request timeouts grow by the factor ctest's TIMEOUTs get there (x4).
 TIMEOUT_SCALE = 4 if os.environ.get("TESSERA_SANITIZER") else 1
+
+
+SCRATCH_DIRS = []  # every folder scratch_dir() made in this process, removed at exit
+
+
+def scratch_dir(prefix):
+    """A new folder under $TMPDIR for one test's files (a server's stack.yaml, a redis-server's
+    working folder, outputs), removed when the test process exits, whatever the outcome:
+    a suite run leaves nothing in /tmp. TESSERA_KEEP_TEST_FILES=1 keeps them for a post-mortem."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    SCRATCH_DIRS.append(d)
+    return d
 
 
 def request_timeout(seconds):
@@ -57,7 +70,7 @@ class Server:
     """A `tessera serve` on a free port with the default stack plus `server_yaml` overrides."""
 
     def __init__(self, server_yaml="", env=None, name="server", args=()):
-        self.dir = tempfile.mkdtemp(prefix=f"tessera-{name}-")
+        self.dir = scratch_dir(f"tessera-{name}-")
         self.config = os.path.join(self.dir, "stack.yaml")
         with open(self.config, "w") as f:
             f.write(f"extends: {DEFAULT_STACK}\n")
@@ -149,7 +162,7 @@ class Redis:
 
     def __init__(self):
         self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="tessera-redis-")
+        self.dir = scratch_dir("tessera-redis-")
         self.proc = None
 
     def start(self):
@@ -274,6 +287,10 @@ def _kill_leftover_servers():
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+    # Then their folders: the processes that wrote there are gone.
+    if os.environ.get("TESSERA_KEEP_TEST_FILES") != "1":
+        for d in SCRATCH_DIRS:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def print_crash_reports(servers=None):

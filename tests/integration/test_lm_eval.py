@@ -36,7 +36,7 @@ def setUpModule():
     global SERVER, MODEL, WORK
     SERVER = h.Server("max_queued_requests: 64", name="lmeval").start()
     MODEL = openai.OpenAI(base_url=SERVER.url + "/v1", api_key="none").models.list().data[0].id
-    WORK = tempfile.mkdtemp(prefix="tessera-lmeval-")
+    WORK = h.scratch_dir("tessera-lmeval-")
 
 
 def tearDownModule():

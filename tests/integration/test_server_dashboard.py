@@ -299,7 +299,7 @@ def render_page():
 
 def setUpModule():
     global SERVER, REDIS, ROOFLINE
-    work = tempfile.mkdtemp(prefix="tessera-dashboard-")
+    work = h.scratch_dir("tessera-dashboard-")
     ROOFLINE = os.path.join(work, "roofline.json")
     r = subprocess.run([h.TESSERA, "bench", "roofline", "-c", os.path.join(h.SOURCE_DIR, "configs", "bench", "roofline.yaml"),
                         "--max-batch", "8", "--steps", "3", "--json", ROOFLINE], capture_output=True, text=True, timeout=600)

@@ -144,8 +144,7 @@ class FullDisk(unittest.TestCase):
         self.assertEqual(leftovers, [], f"half-written files left: {leftovers}")
 
     def test_bench_workload_on_a_full_disk(self):
-        import tempfile
-        d = tempfile.mkdtemp(prefix="tessera-fulldisk-")
+        d = h.scratch_dir("tessera-fulldisk-")
         p = self.run_limited(["bench", "make-workload", "--kind", "mixed", "-n", "64", "--output",
                               os.path.join(d, "workload.jsonl")], d)
         self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
@@ -155,8 +154,7 @@ class FullDisk(unittest.TestCase):
         self.check_no_file_left(d, "workload.jsonl")
 
     def test_bench_report_on_a_full_disk_leaves_the_old_report(self):
-        import tempfile
-        d = tempfile.mkdtemp(prefix="tessera-fulldisk-")
+        d = h.scratch_dir("tessera-fulldisk-")
         report = os.path.join(d, "report.html")
         with open(report, "w") as f:
             f.write("old report\n")
