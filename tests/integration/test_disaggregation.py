@@ -36,9 +36,9 @@ KV_BYTES_PER_TOKEN_LAYER = 2 * 3 * 64 * 2  # K and V, 3 KV heads of 64 f16 value
 # Under a sanitizer (h.TIMEOUT_SCALE > 1) prefills run several times slower: the transfer
 # deadline, a pipelined step's wait per KV layer and the drain's grace period grow with the
 # client-side timeouts.
-def prefill_yaml(extra=""):
+def prefill_yaml(extra="", shutdown_timeout=10):
     return (f"extends: {h.DEFAULT_STACK}\n"
-            f"server:\n  shutdown_timeout: {10 * h.TIMEOUT_SCALE}s\n"
+            f"server:\n  shutdown_timeout: {shutdown_timeout * h.TIMEOUT_SCALE}s\n"
             "disaggregation:\n  role: prefill\n  listen: 127.0.0.1:0\n"
             f"  connector: {{plugin: grpc{extra}}}\n")
 
@@ -50,8 +50,8 @@ def decode_yaml(prefill_port, engine_extra="", transfer_timeout=f"{30 * h.TIMEOU
             f"  layer_wait: {2 * h.TIMEOUT_SCALE}s\n")
 
 
-def start_prefill(name, extra=""):
-    p = h.Gateway(prefill_yaml(extra), name).start()
+def start_prefill(name, extra="", shutdown_timeout=10):
+    p = h.Gateway(prefill_yaml(extra, shutdown_timeout), name).start()
     deadline = time.time() + 10
     while time.time() < deadline:
         for line in p.stderr_lines:
@@ -273,7 +273,11 @@ def main():
 
     # A prefill engine drained (SIGTERM) with requests in flight: the transfers it started run
     # to their end, later requests are computed on the decode engine, and it exits 0.
-    drained = start_prefill("prefill-drained")
+    # Its drain window must outlast the 4 long prefills it has started: ~2 s in a plain build,
+    # but ~45 s under ASan on an AVX2-only CPU (the "killed" case below computes the same 4
+    # prompts in 43.5 s there), past the default window of 10 s x 4. A drain ends as soon as
+    # they are done, so the long window costs nothing when it is not needed.
+    drained = start_prefill("prefill-drained", shutdown_timeout=60)
     decode4 = h.Gateway(decode_yaml(drained.grpc_port), "decode-drain").start()
     try:
         results = {}
