@@ -3,8 +3,10 @@
 // replicas, whole requests from a gateway to an engine process, one server stream each.
 #include <zlib.h>
 
+#include <grpc/support/time.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -203,6 +205,16 @@ void set_timeout(grpc::ClientContext* ctx, double seconds) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
 }
 
+// The seconds left until the caller's deadline: the decode engine's transfer_timeout or the
+// gateway's request limit, which the caller sets on every call (see set_timeout). The host
+// gives up when its caller does (gRPC rounds a deadline up, by at most ~1 %) and no sooner;
+// a call without a deadline keeps `fallback` (the SDK's default).
+double seconds_left(const grpc::ServerContext& ctx, double fallback) {
+  if (gpr_time_cmp(ctx.raw_deadline(), gpr_inf_future(ctx.raw_deadline().clock_type)) == 0) return fallback;
+  const double left = std::chrono::duration<double>(ctx.deadline() - std::chrono::system_clock::now()).count();
+  return std::max(0.0, left);
+}
+
 const grpc::Status kDraining{grpc::StatusCode::UNAVAILABLE, "the engine is draining (shutting down): it takes no new requests"};
 
 // The prefill side: one handler thread per call (gRPC's synchronous server).
@@ -232,6 +244,7 @@ class TransferService final : public pb::KvTransfer::Service {
     request.n = call->n();
     request.prompt_logprobs = call->prompt_logprobs();
     request.fingerprint = call->fingerprint();
+    request.timeout_seconds = seconds_left(*ctx, request.timeout_seconds);
     Status st = host_->generate(
         request, [ctx] { return ctx->IsCancelled(); },
         [writer](const RemoteEvent& event) {
@@ -260,6 +273,9 @@ class TransferService final : public pb::KvTransfer::Service {
     request.params = from_proto(call.sampling());
     request.want_kv = call.want_kv();
     request.fingerprint = call.fingerprint();
+    // Without this the host's limit was the SDK default (30 s), whatever transfer_timeout
+    // the decode engine set: a prefill longer than 30 s always failed.
+    request.timeout_seconds = seconds_left(*ctx, request.timeout_seconds);
     std::unique_ptr<KvExportHandle> handle;
     Status st = host_->prefill(request, [ctx] { return ctx->IsCancelled(); }, &handle);
     if (!st.is_ok()) return to_grpc(st);

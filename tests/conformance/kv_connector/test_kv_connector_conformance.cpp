@@ -5,6 +5,9 @@
 //     kUnavailable while the host drains or when nothing listens;
 //   - remote_prefill delivers the first token, then every layer's K and V payloads in order,
 //     byte for byte; a fingerprint mismatch is kFailedPrecondition naming both;
+//   - the caller's timeout reaches the host (the time left of it, within the transport's
+//     rounding): a host that used the SDK's default instead cut every prefill at 30 s,
+//     whatever transfer_timeout said;
 //   - remote_generate (when the connector carries replicas) delivers every event in order for
 //     every sample; a sink's error ends the call with that error and the host sees the caller
 //     leave;
@@ -66,6 +69,7 @@ class ScriptedHost final : public KvPrefillHost {
  public:
   std::atomic<bool> draining_now{false};
   std::atomic<int> saw_cancel{0};  // calls that ended because the caller left
+  std::atomic<double> prefill_timeout{0}, generate_timeout{0};  // the last call's timeout_seconds
 
   std::string fingerprint() const override { return kFingerprint; }
   bool draining() const override { return draining_now; }
@@ -73,6 +77,7 @@ class ScriptedHost final : public KvPrefillHost {
   Status prefill(const RemotePrefillRequest& request, const std::function<bool()>& cancelled,
                  std::unique_ptr<KvExportHandle>* out) override {
     if (draining_now) return unavailable("draining");
+    prefill_timeout = request.timeout_seconds;
     if (!request.prompt.empty() && request.prompt[0] == kBlockUntilCancelled) {
       if (!wait_for_cancel(cancelled)) return internal_error("the caller never cancelled");
       return Status(StatusCode::kCancelled, "the caller went away");
@@ -90,6 +95,7 @@ class ScriptedHost final : public KvPrefillHost {
   Status generate(const RemoteGenerateRequest& request, const std::function<bool()>& cancelled,
                   const std::function<bool(const RemoteEvent&)>& emit) override {
     if (draining_now) return unavailable("draining");
+    generate_timeout = request.timeout_seconds;
     if (!request.prompt.empty() && request.prompt[0] == kBlockUntilCancelled) {
       RemoteEvent first;
       first.tokens.push_back(SampledToken{7, 0.f, {}});
@@ -226,10 +232,14 @@ TEST_CASE("every kv_connector moves prefills and requests between processes, and
       rq.request_id = "conformance";
       rq.prompt = {1, 2, 3, 4, 5};
       rq.fingerprint = kFingerprint;
-      rq.timeout_seconds = 30;
+      rq.timeout_seconds = 123;  // not the SDK's default of 30
       RecordingSink sink;
       const Status st = client->remote_prefill(address, rq, &sink);
       REQUIRE_MESSAGE(st.is_ok(), st.message());
+      // What is left of the caller's 123 s when the host starts. gRPC sends a deadline with
+      // at most 8 digits, rounded up (123 s arrived as 124), hence the 2 % above.
+      CHECK_MESSAGE(host.prefill_timeout > 100, host.prefill_timeout.load());
+      CHECK_MESSAGE(host.prefill_timeout <= 123 * 1.02, host.prefill_timeout.load());
       CHECK(sink.cancel());
       REQUIRE(sink.prefilled.size() == 1);
       REQUIRE(sink.prefilled[0].tokens.size() == 1);
@@ -281,8 +291,12 @@ TEST_CASE("every kv_connector moves prefills and requests between processes, and
     {
       INFO("remote_generate: every event of every sample, in order");
       RecordingSink sink;
-      const Status st = client->remote_generate(address, generate_request({4, 5, 6}, 5, 2), &sink);
+      RemoteGenerateRequest rq = generate_request({4, 5, 6}, 5, 2);
+      rq.timeout_seconds = 1234;  // not the SDK's default of 600
+      const Status st = client->remote_generate(address, rq, &sink);
       REQUIRE_MESSAGE(st.is_ok(), st.message());
+      CHECK_MESSAGE(host.generate_timeout > 1200, host.generate_timeout.load());
+      CHECK_MESSAGE(host.generate_timeout <= 1234 * 1.02, host.generate_timeout.load());  // 1240 arrives
       std::vector<std::vector<TokenId>> tokens(2);
       int finished = 0;
       for (const RemoteEvent& e : sink.events) {
