@@ -43,9 +43,7 @@ struct RemotePrefillRequest {
   // The requester's model and KV layout fingerprint; a prefill host with a different one
   // refuses the request, naming both.
   std::string fingerprint;
-  // The whole call: prefill, transfer and acknowledgement. A connector hands the host what is
-  // left of the caller's value (the host must not give up sooner than its caller).
-  double timeout_seconds = 30;
+  double timeout_seconds = 30;  // the whole call: prefill, transfer and acknowledgement
 };
 
 struct PrefillResult {
@@ -74,7 +72,7 @@ struct RemoteGenerateRequest {
   // The caller's model and KV layout fingerprint; a host with a different one refuses the
   // request, naming both.
   std::string fingerprint;
-  double timeout_seconds = 600; // the whole call; the host gets what is left of it, as above
+  double timeout_seconds = 600; // the whole call
 };
 
 // One engine event of a remote request, as the engine's GenerationEvent has it (timings stay
