@@ -1,5 +1,7 @@
-// tessera/sdk/kv_rows.h compiled with -mavx2 -mf16c (see tests/CMakeLists.txt), for
-// tests/unit/test_kv_rows.cpp to compare with the portable build in its own file.
+// A fixture, not a test: tessera/sdk/kv_rows.h compiled with -mavx2 -mf16c (see
+// tests/CMakeLists.txt), for tests/unit/test_kv_rows.cpp to compare with the portable build
+// in its own file. The assertions are there, including that this file really got its AVX2
+// path on an AVX2 CPU (built_for_avx2).
 #include "tessera/sdk/kv_rows.h"
 
 namespace kv_rows_check {
