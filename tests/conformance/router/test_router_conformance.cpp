@@ -6,8 +6,6 @@
 // names, for any prompt and user, also when 8 threads route at once.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "support/plugins.h"
+#include "support/test_env.h"
 #include "tessera/sdk.h"
 
 using namespace tessera;
@@ -27,33 +26,26 @@ namespace {
 // (no embedding), whose only weight is the prompt's log length, so that prompts of both
 // lengths below reach both deployments. Its accuracy is not what this suite checks.
 std::string classifier_model_file() {
-  // Written once per process and removed when it exits: a suite run leaves nothing in /tmp.
-  struct ModelFile {
-    std::filesystem::path path;
-    ModelFile() {
-      path = std::filesystem::temp_directory_path() /
-             ("tessera-conformance-router-" + std::to_string(::getpid()) + ".json");
-      std::vector<float> zeros(16, 0.f), ones(16, 1.f), weights(16, 0.f);
-      weights[0] = 1.f;  // log_chars
-      std::ofstream out(path);
-      out << R"({"format": "tessera-router-classifier", "version": 1, "text_features": [)"
-          << R"("log_chars", "log_words", "digit_share", "log_numbers", "longest_number", "log_operators", )"
-          << R"("log_code_marks", "log_quotes", "upper_share", "log_sentences", "q_how_many", "q_what", "q_which", )"
-          << R"("q_why_explain", "q_write_code", "q_yes_no"], "embedding_dim": 0, "mean": [)";
-      for (size_t i = 0; i < zeros.size(); ++i) out << (i ? ", " : "") << zeros[i];
-      out << R"(], "scale": [)";
-      for (size_t i = 0; i < ones.size(); ++i) out << (i ? ", " : "") << ones[i];
-      out << R"(], "weights": [)";
-      for (size_t i = 0; i < weights.size(); ++i) out << (i ? ", " : "") << weights[i];
-      out << R"(], "bias": -2.6, "threshold": 0.5})";
-    }
-    ~ModelFile() {
-      std::error_code ignored;
-      std::filesystem::remove(path, ignored);
-    }
-  };
-  static const ModelFile file;
-  return file.path.string();
+  // Written once per process, in the build tree's test scratch folder (as the config tests'
+  // files are): nothing is left in /tmp.
+  static const std::string path = [] {
+    const std::filesystem::path file = test::scratch_dir("conformance-router") / "classifier.json";
+    std::vector<float> zeros(16, 0.f), ones(16, 1.f), weights(16, 0.f);
+    weights[0] = 1.f;  // log_chars
+    std::ofstream out(file);
+    out << R"({"format": "tessera-router-classifier", "version": 1, "text_features": [)"
+        << R"("log_chars", "log_words", "digit_share", "log_numbers", "longest_number", "log_operators", )"
+        << R"("log_code_marks", "log_quotes", "upper_share", "log_sentences", "q_how_many", "q_what", "q_which", )"
+        << R"("q_why_explain", "q_write_code", "q_yes_no"], "embedding_dim": 0, "mean": [)";
+    for (size_t i = 0; i < zeros.size(); ++i) out << (i ? ", " : "") << zeros[i];
+    out << R"(], "scale": [)";
+    for (size_t i = 0; i < ones.size(); ++i) out << (i ? ", " : "") << ones[i];
+    out << R"(], "weights": [)";
+    for (size_t i = 0; i < weights.size(); ++i) out << (i ? ", " : "") << weights[i];
+    out << R"(], "bias": -2.6, "threshold": 0.5})";
+    return file.string();
+  }();
+  return path;
 }
 
 // Parameters of the in-tree routers that route between blue and green.
