@@ -1,0 +1,57 @@
+// Built in ThreadSanitizer builds only. The interleaved x86 kernels are compiled there without
+// TSan's instrumentation, and matmul_interleaved declares each call's ranges instead
+// (core/src/kernels/interleaved.cpp). Two threads run the same Q8_0 matmul:
+//   same-rows      both write the same output rows: TSan must report a data race;
+//   disjoint-rows  each writes its own rows: no report, and every output is the exact dot.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "tessera/sdk/kernels/ggml_types.h"
+#include "tessera/sdk/kernels/interleaved.h"
+
+using tessera::GgmlType;
+
+int main(int argc, char** argv) {
+  const std::string_view mode = argc > 1 ? argv[1] : "";
+  if (mode != "same-rows" && mode != "disjoint-rows") {
+    std::fprintf(stderr, "usage: tsan_kernel_ranges same-rows|disjoint-rows\n");
+    return 2;
+  }
+  constexpr int64_t kRows = 16, kCols = 128;
+  // Q8_0 blocks (fp16 scale 1.0, then 32 int8 quants) of 1s for the weights and the activation
+  // row, so each output is exactly kCols.
+  const size_t row_bytes = tessera::ggml_row_size(GgmlType::Q8_0, kCols);
+  std::vector<uint8_t> block(row_bytes / (kCols / 32), 1);
+  const uint16_t one_fp16 = 0x3C00;
+  std::memcpy(block.data(), &one_fp16, sizeof one_fp16);
+  std::vector<uint8_t> x;
+  for (int64_t b = 0; b < kCols / 32; ++b) x.insert(x.end(), block.begin(), block.end());
+  std::vector<uint8_t> w;
+  for (int64_t r = 0; r < kRows; ++r) w.insert(w.end(), x.begin(), x.end());
+  std::vector<uint8_t> packed(tessera::interleaved_size(GgmlType::Q8_0, kRows, kCols));
+  tessera::interleave_rows(GgmlType::Q8_0, w.data(), kRows, kCols, packed.data());
+
+  std::vector<float> y(2 * kRows, 0.0f);
+  const bool same_rows = mode == "same-rows";
+  auto run = [&](int thread) {
+    float* out = y.data() + (same_rows ? 0 : thread * kRows);
+    tessera::matmul_interleaved(GgmlType::Q8_0, packed.data(), kCols, kRows, x.data(), row_bytes,
+                                1, out, kRows);
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  for (int64_t i = 0; i < (same_rows ? kRows : 2 * kRows); ++i) {
+    if (y[i] != static_cast<float>(kCols)) {
+      std::fprintf(stderr, "output %lld is %g, expected %lld\n", static_cast<long long>(i), y[i],
+                   static_cast<long long>(kCols));
+      return 1;
+    }
+  }
+  std::printf("%s: every output is %lld\n", argv[1], static_cast<long long>(kCols));
+  return 0;
+}
