@@ -90,8 +90,10 @@ class SigtermDuringPrefill(unittest.TestCase):
         self.assertTrue(server.wait_for_metric("tessera_requests_in_flight", 1), "the request never arrived")
         self.assertFalse(first_token.is_set(), "the prompt was already computed: the signal would miss the prefill")
         t0 = time.time()
-        rc = server.stop(timeout=120)
-        t.join(timeout=120)
+        # Scaled like the shutdown_timeout below: under a sanitizer the server may take up to
+        # 240 s to finish the prefill, and an unscaled 120 s wait killed it first (ASan, -j2).
+        rc = server.stop(timeout=h.request_timeout(120))
+        t.join(timeout=h.request_timeout(120))
         return server, result, rc, time.time() - t0
 
     def test_in_flight_prefill_finishes_before_exit(self):
