@@ -3,6 +3,9 @@
 // (core/src/kernels/interleaved.cpp). Two threads run the same Q8_0 matmul:
 //   same-rows      both write the same output rows: TSan must report a data race;
 //   disjoint-rows  each writes its own rows: no report, and every output is the exact dot.
+// TSan's report hook counts the reports; the test's TSAN_OPTIONS (halt_on_error=0,
+// exitcode=0) leave the verdict, the exit status, to this program.
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +17,13 @@
 #include "tessera/sdk/kernels/interleaved.h"
 
 using tessera::GgmlType;
+
+namespace {
+std::atomic<int> tsan_reports{0};
+}  // namespace
+
+// Called by the TSan runtime for every report it prints (a weak hook of libtsan).
+extern "C" void __tsan_on_report(const void* /*report*/) { tsan_reports.fetch_add(1); }
 
 int main(int argc, char** argv) {
   const std::string_view mode = argc > 1 ? argv[1] : "";
@@ -45,6 +55,12 @@ int main(int argc, char** argv) {
   std::thread a(run, 0), b(run, 1);
   a.join();
   b.join();
+  const int reports = tsan_reports.load();
+  if (same_rows != (reports > 0)) {
+    std::fprintf(stderr, "%s: %d ThreadSanitizer report(s), expected %s\n", argv[1], reports,
+                 same_rows ? "at least one" : "none");
+    return 1;
+  }
   for (int64_t i = 0; i < (same_rows ? kRows : 2 * kRows); ++i) {
     if (y[i] != static_cast<float>(kCols)) {
       std::fprintf(stderr, "output %lld is %g, expected %lld\n", static_cast<long long>(i), y[i],
@@ -52,6 +68,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::printf("%s: every output is %lld\n", argv[1], static_cast<long long>(kCols));
+  std::printf("%s: %d report(s), every output is %lld\n", argv[1], reports,
+              static_cast<long long>(kCols));
   return 0;
 }
