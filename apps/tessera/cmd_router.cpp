@@ -18,6 +18,7 @@
 #include "../../plugins/router/classifier/complexity_model.h"
 #include "cmd_router.h"
 #include "commands.h"
+#include "tessera/atomic_file.h"
 #include "tessera/config.h"
 #include "tessera/embedding/encoder_model.h"
 
@@ -29,6 +30,7 @@ using nlohmann::json;
 struct TrainArgs {
   std::string data;
   std::string out;
+  std::string heldout_out;  // optional: the held-out rows, as read, for serving-side evaluation
   double target_large_share = -1;
   double test_fraction = 0.25;
   uint64_t seed = 15;
@@ -41,6 +43,7 @@ struct TrainArgs {
 };
 
 struct Row {
+  std::string line;  // the JSONL line as read
   std::string prompt;
   bool large = false;
   std::optional<bool> small_correct, large_correct;
@@ -57,6 +60,7 @@ std::vector<Row> read_rows(const std::string& path) {
     json j = json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw CommandError(where + "expected a JSON object per line");
     Row r;
+    r.line = line;
     if (!j.contains("prompt") || !j["prompt"].is_string() || j["prompt"].get<std::string>().empty())
       throw CommandError(where + "prompt: expected a non-empty string");
     r.prompt = j["prompt"].get<std::string>();
@@ -201,11 +205,23 @@ void run_train(const TrainArgs& a) {
     std::printf("  %11.2f  %8.3f  %8.3f  %10.3f  %11.3f  %11.3f  %7.3f\n", s, f.accuracy, f.small_share, f.cost_saved,
                 f.hard_to_small, f.easy_to_large, f.quality);
   }
-  std::ofstream out(a.out);
-  if (!out) throw CommandError("--out: cannot write '" + a.out + "'");
-  out << model.to_json() << "\n";
-  if (!out.flush()) throw CommandError("--out: writing '" + a.out + "' failed");
-  std::printf("wrote %s\n", a.out.c_str());
+  // Whole files or none: a router file cut short would be refused by the plugin at startup.
+  const auto write = [](const std::string& option, const std::string& path, const std::string& contents) {
+    try {
+      write_file_atomically(path, contents);
+    } catch (const std::exception& e) {
+      throw CommandError(option + ": cannot write '" + path + "': " + e.what());
+    }
+    std::printf("wrote %s\n", path.c_str());
+  };
+  write("--out", a.out, model.to_json() + "\n");
+  if (!a.heldout_out.empty()) {
+    // The same rows the held-out figures come from, so a served router can be scored on them
+    // (bench/router_eval.py) without reproducing this split.
+    std::string held;
+    for (size_t i : test) held += rows[i].line + "\n";
+    write("--heldout-out", a.heldout_out, held);
+  }
 }
 
 }  // namespace
@@ -218,6 +234,7 @@ void add_router_command(CLI::App& app) {
   train->add_option("--data", a->data, "labelled JSONL: {\"prompt\": ..., \"label\": \"small\"|\"large\"} per line")
       ->required();
   train->add_option("--out", a->out, "the router file to write (the plugin's `model`)")->required();
+  train->add_option("--heldout-out", a->heldout_out, "also write the held-out rows (JSONL, as read) to this file");
   train->add_option("--target-large-share", a->target_large_share,
                     "share of prompts to send to the large model (default: the training labels' share)")
       ->check(CLI::Range(0.0, 1.0));
