@@ -11,6 +11,14 @@ Q4_K_M (`large`). The label is "large" when only the large model answers correct
 "small" (both right, only the small one right, or both wrong: the large model would not
 help, so the cheap one is as good).
 
+The Gemma 3 270M on PyPI is a *base* model (no instruction tuning, no chat template): asked
+through a chat template it repeats the question. So by default (`--format completion`) each
+question is asked the way a base model is used, as a few-shot completion prompt
+(FEW_SHOT + "Question: ...\nAnswer:", stop at the end of the line, `/v1/completions`), the
+same text to both models, and that text is the labelled prompt the router scores.
+`--format chat` asks the bare question through each model's chat template instead (for an
+instruction-tuned large model).
+
     scripts/make-router-labels.py --tessera build/bin/tessera --out data/router/labelled.jsonl
 
 The prompts are drawn with a fixed seed, so a rerun asks the same questions; the outputs are
@@ -36,6 +44,21 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 NUMBER_WORDS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
     "sixteen seventeen eighteen nineteen twenty".split())}
+
+
+# The examples that teach a base model the answer format (`--format completion`). None of
+# their questions is asked (questions() drops a drawn one that equals an example's).
+FEW_SHOT_EXAMPLES = [
+    ("What is 12 + 30? Answer briefly.", "42"),
+    ("On which continent is the city of Lima? Answer briefly.", "South America"),
+    ("Which country has the two-letter country code NO? Answer briefly.", "Norway"),
+    ("How many letters are in the word 'Chile'? Answer briefly.", "5"),
+]
+FEW_SHOT = "".join(f"Question: {q}\nAnswer: {a}\n" for q, a in FEW_SHOT_EXAMPLES)
+
+
+def completion_prompt(question):
+    return f"{FEW_SHOT}Question: {question}\nAnswer:"
 
 
 def load_iso(name, key):
@@ -99,7 +122,8 @@ def questions(rng, per_family):
         n = rng.randint(2, 8)
         sentence = " ".join(rng.sample(words, n))
         add("count-words", f"How many words are in this text: \"{sentence}\"?", n, "int")
-    return [(f, q + " Answer briefly.", a, k) for f, q, a, k in out]
+    examples = {q for q, _ in FEW_SHOT_EXAMPLES}
+    return [(f, q + " Answer briefly.", a, k) for f, q, a, k in out if q + " Answer briefly." not in examples]
 
 
 def correct(output, answer, kind):
@@ -173,13 +197,18 @@ def start_server(tessera):
     return proc, port[0]
 
 
-def ask(port, model, prompt):
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": 12, "temperature": 0, "seed": 0}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+def ask(port, model, prompt, fmt):
+    """One greedy answer: a chat turn, or (fmt "completion") the few-shot text up to the line's end."""
+    if fmt == "completion":
+        path, body = "/v1/completions", {"prompt": prompt, "stop": ["\n"]}
+    else:
+        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
+    body.update({"model": model, "max_tokens": 12, "temperature": 0, "seed": 0})
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
-        return json.load(r)["choices"][0]["message"]["content"]
+        choice = json.load(r)["choices"][0]
+    return choice["text"] if fmt == "completion" else choice["message"]["content"]
 
 
 def main():
@@ -194,8 +223,13 @@ def main():
     ap.add_argument("--label-only", action="store_true",
                     help="only label the prompts both models have answered (the answer files next to --out)")
     ap.add_argument("--models", default=os.path.expanduser("~/.cache/tessera/models"))
+    ap.add_argument("--format", choices=("completion", "chat"), default="completion",
+                    help="completion: few-shot prompts to /v1/completions (the large model is a base "
+                         "model); chat: the bare question through each model's chat template")
     args = ap.parse_args()
     qs = questions(random.Random(args.seed), args.per_family)
+    if args.format == "completion":  # the labelled prompt is the text both models complete
+        qs = [(f, completion_prompt(q), a, k) for f, q, a, k in qs]
     # Asked in a shuffled order and kept as they arrive (one JSONL per model next to --out), so
     # an interrupted run resumes and a partial one still covers every family.
     order = list(range(len(qs)))
@@ -238,7 +272,7 @@ def main():
                    for name, file in files.items()}
         try:
             # Both models at once: each server has its own threads.
-            threads = [threading.Thread(target=answer_all, args=(name, lambda p, port=port, name=name: ask(port, name, p)))
+            threads = [threading.Thread(target=answer_all, args=(name, lambda p, port=port, name=name: ask(port, name, p, args.format)))
                        for name, (_, port) in servers.items()]
             for t in threads:
                 t.start()
@@ -252,7 +286,7 @@ def main():
         proc, port = start_server(args.tessera)
         try:
             for name in ("small", "large"):
-                answer_all(name, lambda p, name=name: ask(port, name, p))
+                answer_all(name, lambda p, name=name: ask(port, name, p, args.format))
         finally:
             proc.terminate()
             proc.wait()
@@ -273,7 +307,7 @@ def main():
             c[1] += sc
             c[2] += lc
             c[3] += label == "large"
-            f.write(json.dumps({"prompt": prompt, "label": label, "family": family, "answer": answer,
+            f.write(json.dumps({"prompt": prompt, "format": args.format, "label": label, "family": family, "answer": answer,
                                 "small_correct": sc, "large_correct": lc, "small_output": s,
                                 "large_output": l}, ensure_ascii=False) + "\n")
     print(f"{len(qs)} prompts in {time.time() - t0:.0f} s -> {args.out}")
