@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
 import server_harness as h  # noqa: E402
-from test_gateway import Gateway, Redis  # noqa: E402  (the test's redis-server and config helpers)
+from server_harness import Gateway, Redis  # noqa: E402  (the tests' redis-server and config helpers)
 
 import httpx  # noqa: E402
 
