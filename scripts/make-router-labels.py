@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -191,7 +192,9 @@ def start_server(tessera):
         ready.set()
 
     threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(600) or not port:
+    started = ready.wait(600) and port
+    shutil.rmtree(tmp, ignore_errors=True)  # the server has read its config by now
+    if not started:
         proc.kill()
         sys.exit("tessera serve did not start")
     return proc, port[0]
