@@ -1,15 +1,16 @@
 // Built in ThreadSanitizer builds only. The interleaved x86 kernels are compiled there without
 // TSan's instrumentation, and matmul_interleaved declares each call's ranges instead
 // (core/src/kernels/interleaved.cpp). Two threads run the same Q8_0 matmul:
-//   same-rows      both write the same output rows: TSan must report a data race;
-//   disjoint-rows  each writes its own rows: no report, and every output is the exact dot.
-// TSan's report hook counts the reports; the test's TSAN_OPTIONS (halt_on_error=0,
-// exitcode=0) leave the verdict, the exit status, to this program.
+//   "same rows"      both write the same output rows: TSan must report a data race;
+//   "disjoint rows"  each writes its own rows: no report, and every output is the exact dot.
+// TSan's report hook counts the reports. A report is process-wide state, so ctest runs each
+// case in its own process (--test-case); the test's TSAN_OPTIONS (halt_on_error=0,
+// exitcode=0) leave the verdict to the checks below.
+#include <doctest/doctest.h>
+
 #include <atomic>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -20,18 +21,12 @@ using tessera::GgmlType;
 
 namespace {
 std::atomic<int> tsan_reports{0};
-}  // namespace
 
-// Called by the TSan runtime for every report it prints (a weak hook of libtsan).
-extern "C" void __tsan_on_report(const void* /*report*/) { tsan_reports.fetch_add(1); }
+constexpr int64_t kRows = 16, kCols = 128;
 
-int main(int argc, char** argv) {
-  const std::string_view mode = argc > 1 ? argv[1] : "";
-  if (mode != "same-rows" && mode != "disjoint-rows") {
-    std::fprintf(stderr, "usage: tsan_kernel_ranges same-rows|disjoint-rows\n");
-    return 2;
-  }
-  constexpr int64_t kRows = 16, kCols = 128;
+// Two threads through matmul_interleaved at once, writing the same rows or each its own;
+// returns the outputs (2 * kRows, the second half untouched with same_rows).
+std::vector<float> run_two_threads(bool same_rows) {
   // Q8_0 blocks (fp16 scale 1.0, then 32 int8 quants) of 1s for the weights and the activation
   // row, so each output is exactly kCols.
   const size_t row_bytes = tessera::ggml_row_size(GgmlType::Q8_0, kCols);
@@ -46,7 +41,6 @@ int main(int argc, char** argv) {
   tessera::interleave_rows(GgmlType::Q8_0, w.data(), kRows, kCols, packed.data());
 
   std::vector<float> y(2 * kRows, 0.0f);
-  const bool same_rows = mode == "same-rows";
   auto run = [&](int thread) {
     float* out = y.data() + (same_rows ? 0 : thread * kRows);
     tessera::matmul_interleaved(GgmlType::Q8_0, packed.data(), kCols, kRows, x.data(), row_bytes,
@@ -55,20 +49,21 @@ int main(int argc, char** argv) {
   std::thread a(run, 0), b(run, 1);
   a.join();
   b.join();
-  const int reports = tsan_reports.load();
-  if (same_rows != (reports > 0)) {
-    std::fprintf(stderr, "%s: %d ThreadSanitizer report(s), expected %s\n", argv[1], reports,
-                 same_rows ? "at least one" : "none");
-    return 1;
-  }
-  for (int64_t i = 0; i < (same_rows ? kRows : 2 * kRows); ++i) {
-    if (y[i] != static_cast<float>(kCols)) {
-      std::fprintf(stderr, "output %lld is %g, expected %lld\n", static_cast<long long>(i), y[i],
-                   static_cast<long long>(kCols));
-      return 1;
-    }
-  }
-  std::printf("%s: %d report(s), every output is %lld\n", argv[1], reports,
-              static_cast<long long>(kCols));
-  return 0;
+  return y;
+}
+}  // namespace
+
+// Called by the TSan runtime for every report it prints (a weak hook of libtsan).
+extern "C" void __tsan_on_report(const void* /*report*/) { tsan_reports.fetch_add(1); }
+
+TEST_CASE("same rows: two threads writing the same outputs draw a data-race report") {
+  const std::vector<float> y = run_two_threads(true);
+  CHECK(tsan_reports.load() > 0);
+  for (int64_t i = 0; i < kRows; ++i) CHECK(y[i] == static_cast<float>(kCols));
+}
+
+TEST_CASE("disjoint rows: each thread writing its own outputs draws no report") {
+  const std::vector<float> y = run_two_threads(false);
+  CHECK(tsan_reports.load() == 0);
+  for (int64_t i = 0; i < 2 * kRows; ++i) CHECK(y[i] == static_cast<float>(kCols));
 }
