@@ -25,13 +25,13 @@ import concurrent.futures
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
 import server_harness as h  # noqa: E402
+from load_test import percentile  # noqa: E402
 
 SOURCE = os.path.abspath(h.SOURCE_DIR)
 _spec = importlib.util.spec_from_file_location("labels", os.path.join(SOURCE, "scripts", "make-router-labels.py"))
@@ -39,30 +39,14 @@ labels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(labels)
 
 
-def percentile(values, p):
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    k = (len(v) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
 def ask(url, row):
-    if row.get("format") == "completion":
-        path, body = "/v1/completions", {"prompt": row["prompt"], "stop": ["\n"]}
-    else:
-        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": row["prompt"]}]}
-    body.update({"model": "auto", "max_tokens": 12, "temperature": 0, "seed": 0})
+    path, body = labels.labelling_request(row["prompt"], row.get("format", "chat"), "auto")
     req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=600) as r:
         out = json.load(r)
         route = r.headers.get("x-tessera-route", "")
-    seconds = time.perf_counter() - t0
-    choice = out["choices"][0]
-    text = choice["text"] if "text" in choice else choice["message"]["content"]
-    return out["model"], route, text, seconds
+    return out["model"], route, labels.answer_text(out["choices"][0]), time.perf_counter() - t0
 
 
 def metric_sum(metrics_text, name):

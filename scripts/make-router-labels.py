@@ -200,18 +200,28 @@ def start_server(tessera):
     return proc, port[0]
 
 
-def ask(port, model, prompt, fmt):
-    """One greedy answer: a chat turn, or (fmt "completion") the few-shot text up to the line's end."""
+def labelling_request(prompt, fmt, model):
+    """(path, body) of the greedy request a prompt is labelled with: a chat turn, or (fmt
+    "completion") the few-shot text completed up to the line's end. bench/router_eval.py asks
+    the served router the same way."""
     if fmt == "completion":
         path, body = "/v1/completions", {"prompt": prompt, "stop": ["\n"]}
     else:
         path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
     body.update({"model": model, "max_tokens": 12, "temperature": 0, "seed": 0})
+    return path, body
+
+
+def answer_text(choice):
+    return choice["text"] if "text" in choice else choice["message"]["content"]
+
+
+def ask(port, model, prompt, fmt):
+    path, body = labelling_request(prompt, fmt, model)
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
-        choice = json.load(r)["choices"][0]
-    return choice["text"] if fmt == "completion" else choice["message"]["content"]
+        return answer_text(json.load(r)["choices"][0])
 
 
 def main():
