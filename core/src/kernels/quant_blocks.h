@@ -227,6 +227,8 @@ void quantize_row_q8_k_avx2(const float* x, void* y, int64_t n);
 // Tile kernel: y[t * y_stride + r] = vec_dot(weight row r, activation row t) for r < w_rows,
 // t < x_rows, each element bit-identical to the single-dot kernel of its type. Returns false
 // (computing nothing) for a type without a tile kernel.
+inline constexpr int kTileF32 = 0;
+inline constexpr int kTileF16 = 1;
 inline constexpr int kTileQ4_0 = 2;
 inline constexpr int kTileQ4_1 = 3;
 inline constexpr int kTileQ5_0 = 6;
