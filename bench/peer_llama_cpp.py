@@ -400,6 +400,15 @@ def f32_target(args) -> Path:
     return out
 
 
+def num_draft_tokens(config: Path) -> int:
+    """The drafter's num_draft_tokens in a bench stack, so llama-speculative-simple gets the same
+    number of drafts as Tessera's draft-model row."""
+    m = re.search(r"num_draft_tokens:\s*(\d+)", config.read_text())
+    if m is None:
+        raise SystemExit(f"{config}: no num_draft_tokens")
+    return int(m.group(1))
+
+
 def measure_spec(args) -> dict:
     """--repeats rounds; in each, every case runs its prompts once, llama.cpp then Tessera, so
     the ratios compare neighbouring runs. A case is (workload, what drafts): plain decoding,
@@ -409,6 +418,7 @@ def measure_spec(args) -> dict:
     f32 = f32_target(args)
     cfg = ROOT / "configs" / "bench"
     k = args.spec_k
+    draft_k = num_draft_tokens(cfg / "spec-draft-model-f32.yaml")
     cases = []
     for workload in ("input-grounded", "chat"):
         cases += [
@@ -419,7 +429,7 @@ def measure_spec(args) -> dict:
         ]
     cases += [
         ("chat", "F32 target, plain", ("llama-lookup", f32, None, 0), cfg / "spec-draft-target-f32.yaml"),
-        ("chat", "F32 target, Q4_1 draft model", ("llama-speculative-simple", f32, args.model, 6),
+        ("chat", "F32 target, Q4_1 draft model", ("llama-speculative-simple", f32, args.model, draft_k),
          cfg / "spec-draft-model-f32.yaml"),
     ]
     results = []
@@ -442,7 +452,8 @@ def measure_spec(args) -> dict:
                 row["tessera_acc"].append((sum(x["accepted"] for x in runs), sum(x["drafted"] for x in runs)))
         for (workload, what), row in rows.items():
             results.append({"workload": workload, "drafts": what, **row})
-    return {"rows": results, "load": loads, "k": k, "prompts": args.spec_prompts, "f32": str(f32)}
+    return {"rows": results, "load": loads, "k": k, "draft_k": draft_k, "prompts": args.spec_prompts,
+            "f32": str(f32)}
 
 
 def spec_table(res: dict, args) -> str:
@@ -453,7 +464,7 @@ def spec_table(res: dict, args) -> str:
              f"threads, {args.repeats} rounds, each case llama.cpp then Tessera; load average per round "
              f"{', '.join(res['load'])}. llama.cpp: `llama-lookup` (its n-gram cache over prompt and output, "
              f"`--spec-draft-n-max {res['k']}`; `--spec-draft-n-max 0` is the plain row, the same loop "
-             f"without drafts) and `llama-speculative-simple` (`-md` the Q4_1 file, 6 drafts); Tessera: "
+             f"without drafts) and `llama-speculative-simple` (`-md` the Q4_1 file, {res['draft_k']} drafts); Tessera: "
              f"`tessera generate --chat --json` on the `configs/bench/spec-*.yaml` stacks. Figures are the "
              f"median over prompts of each request's decode tokens/s, then the median over rounds; speedup "
              f"is against the same tool's plain row.", ""]
