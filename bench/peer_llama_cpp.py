@@ -400,12 +400,15 @@ def f32_target(args) -> Path:
     return out
 
 
-def num_draft_tokens(config: Path) -> int:
-    """The drafter's num_draft_tokens in a bench stack, so llama-speculative-simple gets the same
-    number of drafts as Tessera's draft-model row."""
-    m = re.search(r"num_draft_tokens:\s*(\d+)", config.read_text())
+def num_draft_tokens(tessera: Path, config: Path) -> int:
+    """The drafter's num_draft_tokens in a bench stack as `tessera config check` resolves it
+    (extends and defaults included), so llama-speculative-simple gets the same number of drafts
+    as Tessera's draft-model row."""
+    resolved = subprocess.run([str(tessera), "config", "check", str(config)], check=True,
+                              capture_output=True, text=True).stdout
+    m = re.search(r"engine\.drafter:.*\bnum_draft_tokens=(\d+)", resolved)
     if m is None:
-        raise SystemExit(f"{config}: no num_draft_tokens")
+        raise SystemExit(f"{config}: its resolved drafter has no num_draft_tokens:\n{resolved}")
     return int(m.group(1))
 
 
@@ -418,7 +421,7 @@ def measure_spec(args) -> dict:
     f32 = f32_target(args)
     cfg = ROOT / "configs" / "bench"
     k = args.spec_k
-    draft_k = num_draft_tokens(cfg / "spec-draft-model-f32.yaml")
+    draft_k = num_draft_tokens(args.tessera, cfg / "spec-draft-model-f32.yaml")
     cases = []
     for workload in ("input-grounded", "chat"):
         cases += [

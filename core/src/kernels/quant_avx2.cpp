@@ -406,45 +406,70 @@ float vec_dot_q6_k_q8_k_avx2(int64_t n, const void* w, const void* xv) {
   return hsum_float_8(acc);
 }
 
-float vec_dot_f16_avx2(int64_t n, const void* w, const void* xv) {
-  const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const uint16_t*>(xv);
+namespace {
+
+// F32 / F16 weights: one weight row against T activation rows per pass. Each output is
+// ggml_vec_dot_f32/f16 with GGML_SIMD on AVX2: four 8-float accumulators per 32 elements,
+// GGML_F32x8_REDUCE, and the tail accumulated in double on top of the reduced float. What the
+// rows share is the weight chunk, loaded (and for F16 converted) once for T tokens instead of
+// T times: that halves the loads per FMA at T = 3, where the single dot (T = 1), with two
+// loads per FMA, is load-bound. Twelve accumulators and the weight chunk fit the sixteen ymm
+// registers; a fourth token would spill.
+constexpr int kFloatTileT = 3;
+
+template <bool kHalf>
+inline __m256 load8(const void* p, int64_t i) {
+  if constexpr (kHalf)
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+  else
+    return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+template <bool kHalf>
+inline float load1(const void* p, int64_t i) {
+  if constexpr (kHalf)
+    return half_to_float(static_cast<const uint16_t*>(p)[i]);
+  else
+    return static_cast<const float*>(p)[i];
+}
+
+template <bool kHalf, int T>
+void float_row_tile(int64_t n, const void* w, const uint8_t* x, size_t x_stride, float* y,
+                    int64_t y_stride) {
   const int64_t np = n & ~(kStep - 1);
-  __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
+  __m256 sum[T][4];
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < 4; ++j) sum[t][j] = _mm256_setzero_ps();
   for (int64_t i = 0; i < np; i += kStep) {
     for (int j = 0; j < 4; ++j) {
-      const __m256 ax = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i + j * kEpr)));
-      const __m256 ay = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i + j * kEpr)));
-      sum[j] = _mm256_fmadd_ps(ax, ay, sum[j]);
+      const __m256 aw = load8<kHalf>(w, i + j * kEpr);
+      for (int t = 0; t < T; ++t)
+        sum[t][j] = _mm256_fmadd_ps(aw, load8<kHalf>(x + t * x_stride, i + j * kEpr), sum[t][j]);
     }
   }
-  // The tail is accumulated in double on top of the reduced float, like ggml_vec_dot_f16.
-  double sumf = reduce_4x8(sum);
-  for (int64_t i = np; i < n; ++i) {
-    sumf += static_cast<double>(half_to_float(x[i]) * half_to_float(y[i]));
+  for (int t = 0; t < T; ++t) {
+    const void* xt = x + t * x_stride;
+    double sumf = reduce_4x8(sum[t]);
+    for (int64_t i = np; i < n; ++i)
+      sumf += static_cast<double>(load1<kHalf>(w, i) * load1<kHalf>(xt, i));
+    y[t * y_stride] = static_cast<float>(sumf);
   }
-  return static_cast<float>(sumf);
+}
+
+}  // namespace
+
+// The single dots are the tile's one-token case, so tile and dot cannot drift apart.
+float vec_dot_f16_avx2(int64_t n, const void* w, const void* xv) {
+  float y;
+  float_row_tile<true, 1>(n, w, static_cast<const uint8_t*>(xv), 0, &y, 0);
+  return y;
 }
 
 float vec_dot_f32_avx2(int64_t n, const void* w, const void* xv) {
-  const auto* x = static_cast<const float*>(w);
-  const auto* y = static_cast<const float*>(xv);
-  const int64_t np = n & ~(kStep - 1);
-  __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  for (int64_t i = 0; i < np; i += kStep) {
-    for (int j = 0; j < 4; ++j) {
-      const __m256 ax = _mm256_loadu_ps(x + i + j * kEpr);
-      const __m256 ay = _mm256_loadu_ps(y + i + j * kEpr);
-      sum[j] = _mm256_fmadd_ps(ax, ay, sum[j]);
-    }
-  }
-  double sumf = reduce_4x8(sum);
-  for (int64_t i = np; i < n; ++i) sumf += static_cast<double>(x[i] * y[i]);
-  return static_cast<float>(sumf);
+  float y;
+  float_row_tile<false, 1>(n, w, static_cast<const uint8_t*>(xv), 0, &y, 0);
+  return y;
 }
 
 // ---- tiles: several weight rows x several activation rows per pass -----------------------
@@ -913,54 +938,6 @@ void quantize_activations_q8_avx2(const float* x, void* y, int64_t n, bool q8_1,
 }
 
 namespace {
-
-// F32 / F16 weights: one weight row against T activation rows per pass. Each output keeps
-// vec_dot_f32_avx2's (vec_dot_f16_avx2's) four accumulators, reduction and double tail, so
-// its bits do not change; what is shared is the weight chunk, loaded (and for F16 converted)
-// once for T tokens instead of T times. That halves the loads per FMA at T = 3, where the
-// single dot, with two loads per FMA, is load-bound. Twelve accumulators and the weight chunk
-// fit the sixteen ymm registers; a fourth token would spill.
-constexpr int kFloatTileT = 3;
-
-template <bool kHalf>
-inline __m256 load8(const void* p, int64_t i) {
-  if constexpr (kHalf)
-    return _mm256_cvtph_ps(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
-  else
-    return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-}
-
-template <bool kHalf>
-inline float load1(const void* p, int64_t i) {
-  if constexpr (kHalf)
-    return half_to_float(static_cast<const uint16_t*>(p)[i]);
-  else
-    return static_cast<const float*>(p)[i];
-}
-
-template <bool kHalf, int T>
-void float_row_tile(int64_t n, const void* w, const uint8_t* x, size_t x_stride, float* y,
-                    int64_t y_stride) {
-  const int64_t np = n & ~(kStep - 1);
-  __m256 sum[T][4];
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < 4; ++j) sum[t][j] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < np; i += kStep) {
-    for (int j = 0; j < 4; ++j) {
-      const __m256 aw = load8<kHalf>(w, i + j * kEpr);
-      for (int t = 0; t < T; ++t)
-        sum[t][j] = _mm256_fmadd_ps(aw, load8<kHalf>(x + t * x_stride, i + j * kEpr), sum[t][j]);
-    }
-  }
-  for (int t = 0; t < T; ++t) {
-    const void* xt = x + t * x_stride;
-    double sumf = reduce_4x8(sum[t]);
-    for (int64_t i = np; i < n; ++i)
-      sumf += static_cast<double>(load1<kHalf>(w, i) * load1<kHalf>(xt, i));
-    y[t * y_stride] = static_cast<float>(sumf);
-  }
-}
 
 // Panels of weight rows as in run_tiles: a panel stays in L1 while every chunk of three
 // activation rows passes over it, and each chunk stays in L1 across the panel's rows.
