@@ -1,6 +1,7 @@
 #include "tessera/model.h"
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
@@ -197,6 +198,27 @@ std::shared_ptr<Model> Model::load(const std::string& path, Quantizer& quantizer
     l.w_down = prepare(b + "ffn_down.weight", hp.ffn_dim, d);
   }
   return model;
+}
+
+std::unique_ptr<PreparedWeight> Model::prepare_output_rows(std::span<const int32_t> tokens, Quantizer& quantizer,
+                                                           std::vector<uint8_t>* storage) const {
+  const gguf::GgufFile& f = *file_;
+  const gguf::TensorInfo& t = f.tensor(f.find_tensor("output.weight") ? "output.weight" : "token_embd.weight");
+  const int64_t rows = t.num_rows();
+  const size_t row_bytes = t.num_bytes / static_cast<size_t>(rows);  // GGUF rows are whole blocks
+  storage->resize(row_bytes * tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= rows)
+      throw std::invalid_argument("token " + std::to_string(tokens[i]) + " is outside " + name_ +
+                                  "'s vocabulary (0.." + std::to_string(rows - 1) + ")");
+    std::memcpy(storage->data() + i * row_bytes, t.data + static_cast<size_t>(tokens[i]) * row_bytes, row_bytes);
+  }
+  WeightView view{t.name.c_str(), static_cast<uint32_t>(t.type), t.dims[0], static_cast<int64_t>(tokens.size()),
+                  storage->data(), storage->size()};
+  std::unique_ptr<PreparedWeight> w;
+  Status st = quantizer.prepare(view, &w);
+  if (!st.is_ok()) throw std::runtime_error("cannot prepare the output head's rows: " + st.message());
+  return w;
 }
 
 }  // namespace tessera

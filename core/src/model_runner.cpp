@@ -233,9 +233,10 @@ Status ModelRunner::run_forward(std::span<const RunnerSequence> sequences, std::
   }
   backend_.rms_norm(logit_in_.data(), logit_in_.data(), model_.output_norm().data(),
                     num_logit_rows, d, hp.rms_eps);
-  const size_t needed = static_cast<size_t>(num_logit_rows) * hp.vocab_size;
+  const PreparedWeight& head = output_ ? *output_ : model_.output();
+  const size_t needed = static_cast<size_t>(num_logit_rows) * head.rows();
   if (logits->size() < needed) logits->resize(needed);
-  matmul(model_.output(), logit_in_.data(), num_logit_rows, logits->data());
+  matmul(head, logit_in_.data(), num_logit_rows, logits->data());
   if (hp.final_logit_softcap > 0) {  // llama.cpp: scale by 1/c, tanh, scale by c
     const float c = hp.final_logit_softcap;
     const float inv = 1.0f / c;

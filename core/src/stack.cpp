@@ -51,6 +51,46 @@ class StackHostModel final : public HostModel {
     return runner_.forward(sequences, logits);
   }
 
+  Status restrict_logits(std::span<const TokenId> tokens, std::vector<TokenId>* columns) override {
+    const int32_t vocab = info_.vocab_size();
+    if (tokens.empty()) {
+      runner_.set_output(nullptr);
+      head_.reset();
+      head_rows_.clear();
+      columns->resize(static_cast<size_t>(vocab));
+      for (TokenId t = 0; t < vocab; ++t) (*columns)[static_cast<size_t>(t)] = t;
+      return Status::ok();
+    }
+    std::vector<TokenId> list;
+    std::vector<bool> listed(static_cast<size_t>(vocab), false);
+    for (TokenId t : tokens) {
+      if (t < 0 || t >= vocab)
+        return invalid_argument("token " + std::to_string(t) + " is outside " + info_.name() + "'s vocabulary (0.." +
+                                std::to_string(vocab - 1) + ")");
+      if (!listed[static_cast<size_t>(t)]) list.push_back(t);
+      listed[static_cast<size_t>(t)] = true;
+    }
+    // Drafts must be able to end where the target ends, and to write the chat markers.
+    const Tokenizer& tokenizer = model_->tokenizer();
+    for (TokenId t = 0; t < vocab; ++t)
+      if (!listed[static_cast<size_t>(t)] &&
+          (tokenizer.is_end_of_generation(t) || (tokenizer.token_attr(t) & Tokenizer::kAttrControl) != 0))
+        list.push_back(t);
+    try {
+      std::vector<uint8_t> rows;
+      std::unique_ptr<PreparedWeight> head = model_->prepare_output_rows(list, *quantizer_, &rows);
+      runner_.set_output(head.get());
+      head_ = std::move(head);
+      head_rows_ = std::move(rows);  // moves the buffer the head may point into, not its bytes
+    } catch (const std::bad_alloc&) {
+      return resource_exhausted(info_.name() + ": out of memory while copying the output head's rows");
+    } catch (const std::exception& e) {
+      return invalid_argument(e.what());
+    }
+    *columns = std::move(list);
+    return Status::ok();
+  }
+
  private:
   LoadedModelInfo info_;
   std::shared_ptr<Model> model_;
@@ -60,6 +100,9 @@ class StackHostModel final : public HostModel {
   KvLayout layout_;
   int32_t max_batch_tokens_, max_context_;
   ModelRunner runner_;
+  // restrict_logits' head and the GGUF rows it was prepared from (null/empty: the model's).
+  std::unique_ptr<PreparedWeight> head_;
+  std::vector<uint8_t> head_rows_;
 };
 
 // The stack's ModelHost while its plugins are created (PluginContext::models).

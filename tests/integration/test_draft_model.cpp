@@ -4,12 +4,15 @@
 // model's own greedy continuation. drafter.layer-skip (the same drafting loop over the
 // target's own layers): bad layer lists refused naming the layer and the model's count; all
 // layers draft exactly what draft-model drafts with the target's file; a subset drafts valid
-// tokens and its KV pool holds only those layers.
+// tokens and its KV pool holds only those layers. A reduced draft vocabulary (`vocabulary`,
+// `vocabulary_ranking`; SDK 2.13 restrict_logits) drafts the model's argmax where it lies
+// inside the vocabulary and nothing outside it; bad rankings are refused naming the line.
 // (Greedy identity, preemption, cancellation and n > 1 with draft-model drafts are in
 // test_speculative.cpp, with the other drafters.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -191,4 +194,76 @@ TEST_CASE("layer-skip through all layers drafts what draft-model drafts with the
   MESSAGE("first prompt: full-model drafts agree with the 20-layer drafts at "
           << std::mismatch(full[0].begin(), full[0].end(), subset[0].begin()).first - full[0].begin()
           << " of 6 leading positions");
+}
+
+TEST_CASE("a reduced draft vocabulary drafts the model's argmax inside it, and only its tokens") {
+  if (!test::have_real_model()) return;
+  const std::string model = test::real_model_path();
+  EngineComponents c;
+  const auto full = drafts_of("vocabulary-full", "{plugin: draft-model, model: '" + model + "'}", &c);
+  const Tokenizer& tok = c.model->tokenizer();
+  auto allowed = [&](TokenId t, int32_t size) {
+    return t < size || tok.is_end_of_generation(t) || (tok.token_attr(t) & Tokenizer::kAttrControl) != 0;
+  };
+  // The 8,192 lowest ids hold every token the full vocabulary drafts for these prompts, so
+  // the reduced head (the same GGUF rows, the same kernels) drafts exactly the same tokens.
+  for (const auto& d : full)
+    for (TokenId t : d) REQUIRE(t < 8192);
+  const auto reduced = drafts_of("vocabulary-8192", "{plugin: draft-model, model: '" + model + "', vocabulary: 8192}");
+  CHECK(reduced == full);
+  // A head whose row count is no multiple of the quantizer's row groups drafts the same.
+  CHECK(drafts_of("vocabulary-8189", "{plugin: draft-model, model: '" + model + "', vocabulary: 8189}") == full);
+  // layer-skip through all layers takes the same parameter and drafts the same.
+  CHECK(drafts_of("vocabulary-layer-skip", "{plugin: layer-skip, layers: '0-29', vocabulary: 8192}") == full);
+
+  // A ranking file: its first `vocabulary` ids (plus the end-of-generation and control
+  // tokens the host adds) are all that is drafted. " Paris" is left out on purpose.
+  const TokenId paris = full[0][0];
+  std::vector<TokenId> ranked;
+  for (TokenId t = 300; static_cast<int32_t>(ranked.size()) < 64; ++t)
+    if (t != paris) ranked.push_back(t);
+  const auto ranking = test::scratch_dir("vocabulary-ranking") / "ranking.txt";
+  {
+    std::ofstream out(ranking);
+    out << "# most frequent first\n";
+    for (size_t i = 0; i < ranked.size(); ++i) out << ranked[i] << (i % 8 == 7 ? "\n" : " ");
+    out << paris << "  # past the first 64: not drafted\n";
+  }
+  const auto limited = drafts_of("vocabulary-ranked", "{plugin: draft-model, model: '" + model +
+                                                          "', vocabulary: 64, vocabulary_ranking: '" +
+                                                          ranking.string() + "'}");
+  for (const auto& d : limited) {
+    CHECK(d.size() == 6);
+    for (TokenId t : d)
+      CHECK((std::find(ranked.begin(), ranked.end(), t) != ranked.end() || allowed(t, 0)));
+  }
+  CHECK(limited[0][0] != paris);
+}
+
+TEST_CASE("a bad draft vocabulary ranking is refused naming the key, the file and the line") {
+  if (!test::have_real_model()) return;
+  const std::string model = test::real_model_path();
+  const auto dir = test::scratch_dir("vocabulary-bad");
+  auto write = [&](const std::string& name, const std::string& text) {
+    const auto path = dir / name;
+    std::ofstream(path) << text;
+    return path.string();
+  };
+  const std::string drafter = "{plugin: draft-model, model: '" + model + "', vocabulary: 100, vocabulary_ranking: '";
+  const std::string word = write("word.txt", "1 2 3\n4 five 6\n");
+  check_refused("vocabulary-word", drafter + word + "'}",
+                "engine.drafter.vocabulary_ranking: " + word + " line 2: 'five' is not a token id of the model (0..49151)");
+  const std::string range = write("range.txt", "49152\n");
+  check_refused("vocabulary-range", drafter + range + "'}", "line 1: '49152' is not a token id of the model");
+  const std::string empty = write("empty.txt", "# nothing\n\n");
+  check_refused("vocabulary-empty", drafter + empty + "'}", "the token ranking '" + empty + "' lists no token ids");
+  check_refused("vocabulary-missing", drafter + (dir / "none.txt").string() + "'}",
+                "engine.drafter.vocabulary_ranking: cannot read the token ranking");
+  // The range is the config's to check, before anything loads.
+  const auto path = test::write_stack_file(
+      "vocabulary-negative", "engine:\n  drafter: {plugin: draft-model, model: '" + model + "', vocabulary: -5}\n");
+  PluginRegistry registry;
+  registry.scan_directory(test::plugin_dir());
+  CHECK_THROWS_WITH(load_stack_config(path.string(), registry),
+                    doctest::Contains("engine.drafter.vocabulary: expected an integer in [0, 16777216], got -5"));
 }

@@ -36,7 +36,9 @@ constexpr int kNewTokens = 24;
 const char* kDrafter = "  drafter: {plugin: ngram, num_draft_tokens: 4, min_ngram: 1, max_ngram: 3, adaptive: false}\n";
 // Every drafter the tests run, by name: draft-model drafts with the target's own file (the
 // real model twice), so nearly every draft is accepted and verification is exercised hard;
-// layer-skip drafts with the target's first 20 of its 30 layers (weights shared).
+// layer-skip drafts with the target's first 20 of its 30 layers (weights shared) from a
+// reduced vocabulary of the 4,096 lowest ids (SDK 2.13 restrict_logits), so that targets'
+// tokens outside it are rejected and the reduced head's column mapping is exercised.
 // The leak test gives it a KV pool of one 512-token context and a little more (12MiB), so
 // that a draft block left behind shows as a sequence that can no longer draft.
 std::vector<std::pair<std::string, std::string>> drafters(const std::string& draft_kv_memory = "128MiB") {
@@ -46,7 +48,7 @@ std::vector<std::pair<std::string, std::string>> drafters(const std::string& dra
       {"draft-model", "  drafter: {plugin: draft-model, model: '" + test::real_model_path() +
                           "', num_draft_tokens: 4, memory: " + draft_kv_memory + ", adaptive: false}\n"},
 
-      {"layer-skip", "  drafter: {plugin: layer-skip, layers: '0-19', num_draft_tokens: 4, memory: " +
+      {"layer-skip", "  drafter: {plugin: layer-skip, layers: '0-19', vocabulary: 4096, num_draft_tokens: 4, memory: " +
                          draft_kv_memory + ", adaptive: false}\n"},
   };
 }

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <functional>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -83,6 +85,12 @@ class Model {
   const std::vector<float>& output_norm() const { return output_norm_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   size_t weight_bytes() const { return weight_bytes_; }
+  // The output head's rows for `tokens`, in that order, prepared by `quantizer` as one weight
+  // (a reduced draft vocabulary, HostModel::restrict_logits). The rows are copied from the
+  // GGUF into *storage, which must outlive the result (a quantizer may keep pointing into
+  // it). Throws std::invalid_argument for a token outside the vocabulary.
+  std::unique_ptr<PreparedWeight> prepare_output_rows(std::span<const int32_t> tokens, Quantizer& quantizer,
+                                                      std::vector<uint8_t>* storage) const;
   // The model as plain SDK data (raw GGUF weights, norms), for device runners
   // (ForwardRunnerProvider). Points into this model; valid while it lives. Throws
   // std::runtime_error for a model that is not the plain Llama graph (hparams.is_llama_graph).

@@ -41,7 +41,13 @@ class ModelRunner final : public ForwardRunner, public LayerGatedForward {
   // Copies whole blocks (all layers, K and V): copy-on-write after forks.
   void copy_blocks(std::span<const BlockCopy> copies) override;
 
-  int32_t vocab_size() const override { return model_.hparams().vocab_size; }
+  // Logits from `output` instead of the model's head (null: the model's): its rows are the
+  // logits' columns (a reduced draft vocabulary). Not owned; must outlive its use.
+  void set_output(const PreparedWeight* output) { output_ = output; }
+  // Columns of a logits row: the vocabulary, or the rows of set_output's head.
+  int32_t vocab_size() const override {
+    return output_ ? static_cast<int32_t>(output_->rows()) : model_.hparams().vocab_size;
+  }
   size_t kv_pool_bytes() const override { return kv_pool_bytes_; }
   const KvLayout& kv_layout() const { return layout_; }
   // Layer indices are the model's (all layers: a layer-subset runner refuses).
@@ -68,6 +74,7 @@ class ModelRunner final : public ForwardRunner, public LayerGatedForward {
   const Model& model_;
   Backend& backend_;
   Quantizer& quantizer_;
+  const PreparedWeight* output_ = nullptr;  // set_output's head, or null
   GroupedMatmul* grouped_matmul_ = nullptr;  // the quantizer's capability, when it has it
   AttentionKernel& attention_;
   KvLayout layout_;

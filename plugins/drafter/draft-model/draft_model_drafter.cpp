@@ -29,6 +29,8 @@ const ParamSpec kParams[] = {
      "f16|f32"},
     {"max_batch_tokens", ParamType::kInt, "512",
      "most tokens per draft forward (longer catch-ups, e.g. prompts, are split into chunks)", 16, 65536},
+    kDraftVocabularyParam,
+    kDraftVocabularyRankingParam,
     {"adaptive", ParamType::kBool, "true",
      "the engine fits each sequence's draft count to its acceptance and the measured step cost, "
      "down to none when verification costs more than it saves"},
@@ -57,7 +59,9 @@ class DraftModelDrafter final : public HostModelDrafter {
                                              ") drafting for " + context.models->target().name() + ", " +
                                              std::to_string(model->kv_layout().num_blocks) + " KV blocks of " +
                                              std::to_string(model->kv_layout().block_size) + " tokens");
-    *out = std::make_unique<DraftModelDrafter>(std::move(model));
+    auto drafter = std::make_unique<DraftModelDrafter>(std::move(model));
+    if (Status v = drafter->restrict_vocabulary(config, context, "draft-model"); !v.is_ok()) return v;
+    *out = std::move(drafter);
     return Status::ok();
   }
 

@@ -28,6 +28,8 @@ const ParamSpec kParams[] = {
     {"dtype", ParamType::kEnum, "f16", "storage of the draft's K and V rows", -INFINITY, INFINITY, "f16|f32"},
     {"max_batch_tokens", ParamType::kInt, "512",
      "most tokens per draft forward (longer catch-ups, e.g. prompts, are split into chunks)", 16, 65536},
+    kDraftVocabularyParam,
+    kDraftVocabularyRankingParam,
     {"adaptive", ParamType::kBool, "true",
      "the engine fits each sequence's draft count to its acceptance and the measured step cost, "
      "down to none when verification costs more than it saves"},
@@ -86,7 +88,9 @@ class LayerSkipDrafter final : public HostModelDrafter {
                                              "), " + std::to_string(model->kv_layout().num_blocks) +
                                              " KV blocks of " + std::to_string(model->kv_layout().block_size) +
                                              " tokens");
-    *out = std::make_unique<LayerSkipDrafter>(std::move(model));
+    auto drafter = std::make_unique<LayerSkipDrafter>(std::move(model));
+    if (Status v = drafter->restrict_vocabulary(config, context, "layer-skip"); !v.is_ok()) return v;
+    *out = std::move(drafter);
     return Status::ok();
   }
 };

@@ -37,6 +37,9 @@
 // RouteRequest::candidates (appended) and RouteCandidate.
 // 2.12 layer-pipelined decode start: ForwardLayerGate and LayerGatedForward, a new optional
 // capability of a ForwardRunner (tessera/sdk/forward.h; no existing vtable changed).
+// 2.13 HostModel::restrict_logits (a virtual with a default, appended after forward): logits
+// for a subset of the vocabulary, the reduced draft vocabulary of drafter.draft-model and
+// drafter.layer-skip (`vocabulary`); HostModelDrafter maps the columns back to token ids.
 //
 // Plugins and the host exchange C++ objects (virtual interfaces, std::string, std::vector),
 // so both must be built by the same compiler and standard library. The loader refuses a
@@ -50,7 +53,7 @@
 #define TESSERA_SDK_ABI_MAJOR 2
 #endif
 #ifndef TESSERA_SDK_ABI_MINOR
-#define TESSERA_SDK_ABI_MINOR 12
+#define TESSERA_SDK_ABI_MINOR 13
 #endif
 
 #define TESSERA_SDK_STRINGIFY_(x) #x

@@ -1,7 +1,7 @@
 // A drafter that runs a model through the host (tessera/sdk/model_host.h): the drafting loop
 // of drafter.draft-model (another GGUF with the target's vocabulary) and drafter.layer-skip
 // (the target's own weights through a subset of its layers), for any plugin that drafts with
-// a HostModel. Header-only; SDK 2.8.
+// a HostModel. Header-only; SDK 2.8 (2.13: restrict_vocabulary).
 //
 // Each step, for all sequences at once: a catch-up forward feeds each sequence's tokens the
 // draft cache does not hold yet (the whole prompt the first time; afterwards the accepted
@@ -18,9 +18,13 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <span>
+#include <sstream>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -49,12 +53,99 @@ inline TokenId host_model_argmax(const float* row, int32_t n) {
   return static_cast<TokenId>(std::max_element(row, row + n) - row);
 }
 
+// The parameters of a reduced draft vocabulary, for a HostModelDrafter plugin's ParamSpec
+// table (HostModelDrafter::restrict_vocabulary(config, context, plugin) reads them).
+inline constexpr ParamSpec kDraftVocabularyParam = {
+    "vocabulary", ParamType::kInt, "0",
+    "draft from this many tokens only, the most frequent first (FR-Spec): a smaller output head makes "
+    "each draft forward cheaper, a target token outside it is never drafted; 0: the whole vocabulary",
+    0, 16777216};
+inline constexpr ParamSpec kDraftVocabularyRankingParam = {
+    "vocabulary_ranking", ParamType::kString, "",
+    "a file of token ids, most frequent first, that `vocabulary` takes its tokens from (README); "
+    "empty: ascending ids, the tokenizer's own order"};
+
+// Reads a token ranking for HostModelDrafter::restrict_vocabulary: token ids, most frequent
+// first, separated by white space; '#' starts a comment running to the end of its line. For
+// example from a corpus: `tessera tokenize -m MODEL < corpus.txt | tr ' ' '\n' | sort -n |
+// uniq -c | sort -rn | awk '{print $2}'`. Errors name `key`, the file, and the line of a bad
+// entry (not a number, or outside [0, vocab_size)).
+inline Status read_token_ranking(const std::string& path, int32_t vocab_size, const std::string& key,
+                                 std::vector<TokenId>* out) {
+  out->clear();
+  std::ifstream in(path);
+  if (!in) return invalid_argument(key + ": cannot read the token ranking '" + path + "'");
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    std::istringstream words(line.substr(0, line.find('#')));
+    std::string word;
+    while (words >> word) {
+      TokenId id = -1;
+      const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+      if (ec != std::errc() || end != word.data() + word.size() || id < 0 || id >= vocab_size)
+        return invalid_argument(key + ": " + path + " line " + std::to_string(number) + ": '" + word +
+                                "' is not a token id of the model (0.." + std::to_string(vocab_size - 1) + ")");
+      out->push_back(id);
+    }
+  }
+  if (out->empty()) return invalid_argument(key + ": the token ranking '" + path + "' lists no token ids");
+  return Status::ok();
+}
+
 class HostModelDrafter : public Drafter {
  public:
   explicit HostModelDrafter(std::unique_ptr<HostModel> model) : model_(std::move(model)) {
     const KvLayout& layout = model_->kv_layout();
     free_blocks_.reserve(static_cast<size_t>(layout.num_blocks));
     for (int32_t b = layout.num_blocks - 1; b >= 0; --b) free_blocks_.push_back(b);
+  }
+
+  // Drafts from the `size` first tokens of `ranking` only (a frequency-ranked draft
+  // vocabulary, FR-Spec; HostModel::restrict_logits, SDK 2.13): each draft forward then
+  // computes that many logits instead of the whole vocabulary's. An empty ranking means token
+  // ids in ascending order: the tokenizer's own order, which for BPE vocabularies (merge rank)
+  // and SentencePiece ones (sorted by score) roughly follows frequency in the tokenizer's
+  // training text. size 0, or one at least the vocabulary's, keeps the whole vocabulary.
+  // Verification is exact whatever is drafted: a smaller vocabulary trades acceptance (a
+  // target token outside it is never drafted) for cheaper draft forwards.
+  Status restrict_vocabulary(int32_t size, std::span<const TokenId> ranking) {
+    if (size <= 0 || size >= model_->vocab_size()) return Status::ok();
+    std::vector<TokenId> tokens;
+    if (ranking.empty()) {
+      for (TokenId t = 0; t < size; ++t) tokens.push_back(t);
+    } else {
+      tokens.assign(ranking.begin(), ranking.begin() + std::min<size_t>(ranking.size(), static_cast<size_t>(size)));
+    }
+    std::vector<TokenId> columns;
+    Status st = model_->restrict_logits(tokens, &columns);
+    if (st.is_ok()) columns_ = std::move(columns);
+    return st;
+  }
+
+  // restrict_vocabulary from the plugin's kDraftVocabularyParam and
+  // kDraftVocabularyRankingParam (ranking: a read_token_ranking file, or empty for ascending
+  // ids), logging the size as drafter.<plugin>. Errors start with the slot's key.
+  Status restrict_vocabulary(const PluginConfig& config, const PluginContext& context, const std::string& plugin) {
+    const std::string key = config.key_path();
+    const std::string ranking_path = config.get_string(kDraftVocabularyRankingParam.name);
+    std::vector<TokenId> ranking;
+    if (!ranking_path.empty()) {
+      if (Status st = read_token_ranking(ranking_path, model_->vocab_size(), key + ".vocabulary_ranking", &ranking);
+          !st.is_ok())
+        return st;
+    }
+    const int64_t size = config.get_int(kDraftVocabularyParam.name);
+    Status st = restrict_vocabulary(static_cast<int32_t>(std::min<int64_t>(size, model_->vocab_size())), ranking);
+    if (!st.is_ok()) return Status(st.code(), key + ".vocabulary: " + st.message());
+    if (!columns_.empty())
+      context.logger->log(LogLevel::kInfo, "drafter." + plugin + ": drafting from " + std::to_string(columns_.size()) +
+                                               " of " + std::to_string(model_->vocab_size()) + " tokens");
+    return st;
+  }
+
+  // Columns of the draft's logits rows: the restricted vocabulary's size, else the whole one.
+  int32_t draft_vocabulary_size() const {
+    return columns_.empty() ? model_->vocab_size() : static_cast<int32_t>(columns_.size());
   }
 
   Status propose(std::span<const DraftRequest> requests) override {
@@ -159,12 +250,13 @@ class HostModelDrafter : public Drafter {
   // Runs batch_ and appends to each of logit_jobs_ (one logits row each, in batch order) the
   // argmax of its row as its next draft.
   Status forward_and_take_drafts() {
-    const int32_t vocab = model_->vocab_size();
+    const int32_t width = draft_vocabulary_size();
     Status st = model_->forward(batch_, &logits_);
     if (!st.is_ok()) return st;
     for (size_t i = 0; i < logit_jobs_.size(); ++i) {
       HostModelDraftJob& j = *logit_jobs_[i];
-      j.last = host_model_argmax(logits_.data() + i * static_cast<size_t>(vocab), vocab);
+      const TokenId column = host_model_argmax(logits_.data() + i * static_cast<size_t>(width), width);
+      j.last = columns_.empty() ? column : columns_[static_cast<size_t>(column)];
       j.request->out->tokens.push_back(j.last);
     }
     return Status::ok();
@@ -195,6 +287,7 @@ class HostModelDrafter : public Drafter {
   std::vector<ForwardSequence> batch_;
   std::vector<HostModelDraftJob*> logit_jobs_;
   std::vector<float> logits_;
+  std::vector<TokenId> columns_;  // restrict_vocabulary's token per logits column; empty: all
 };
 
 }  // namespace tessera

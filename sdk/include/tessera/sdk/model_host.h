@@ -42,6 +42,22 @@ class HostModel : public ModelInfo {
   // Same contract as ForwardRunner::forward: [sum of num_logit_rows][vocab_size] logits in
   // batch order into *logits (resized only when it grows).
   virtual Status forward(std::span<const ForwardSequence> sequences, std::vector<float>* logits) = 0;
+  // SDK 2.13: logits for part of the vocabulary only (a frequency-ranked draft vocabulary:
+  // FR-Spec, Zhao et al. 2025). A drafter takes the argmax of each logits row, and in a small
+  // draft model the output head is a large share of the bytes one forward streams (a third
+  // in the default model), so a head of the tokens that are actually drafted makes every
+  // draft forward cheaper; verification stays exact whatever the drafts are.
+  // After the call forward writes [sum of num_logit_rows][columns->size()] logits, column j
+  // holding token (*columns)[j]: `tokens` in their order, without repeats, followed by the
+  // model's end-of-generation and control tokens that `tokens` lacks (so drafts can end
+  // where the target ends). The head's rows are copied once, here. An empty `tokens`
+  // restores the whole vocabulary (columns = all ids). Errors name a token outside the
+  // vocabulary and leave the head as it was. Appended with a default for hosts before 2.13.
+  virtual Status restrict_logits(std::span<const TokenId> tokens, std::vector<TokenId>* columns) {
+    (void)tokens;
+    (void)columns;
+    return Status(StatusCode::kUnimplemented, "this host computes logits for the whole vocabulary only (needs SDK 2.13)");
+  }
 };
 
 struct HostModelRequest {
