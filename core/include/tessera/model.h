@@ -4,8 +4,8 @@
 // layers) that fills ModelHparams and LayerWeights; the one runner reads those, not a fork.
 #pragma once
 
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>

@@ -439,15 +439,15 @@ inline float load1(const void* p, int64_t i) {
 template <bool kHalf, int T>
 void float_row_tile(int64_t n, const void* w, const uint8_t* x, size_t x_stride, float* y,
                     int64_t y_stride, const void* prefetch = nullptr) {
-  constexpr int64_t kStepBytes = kStep * (kHalf ? 2 : 4);
+  constexpr int64_t kElementBytes = kHalf ? 2 : 4;
   const int64_t np = n & ~(kStep - 1);
   __m256 sum[T][4];
   for (int t = 0; t < T; ++t)
     for (int j = 0; j < 4; ++j) sum[t][j] = _mm256_setzero_ps();
   for (int64_t i = 0; i < np; i += kStep) {
     if (prefetch != nullptr) {
-      const char* line = static_cast<const char*>(prefetch) + (i / kStep) * kStepBytes;
-      for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(line + b, _MM_HINT_T1);
+      const char* line = static_cast<const char*>(prefetch) + i * kElementBytes;
+      for (int64_t b = 0; b < kStep * kElementBytes; b += 64) _mm_prefetch(line + b, _MM_HINT_T1);
     }
     for (int j = 0; j < 4; ++j) {
       const __m256 aw = load8<kHalf>(w, i + j * kEpr);

@@ -134,18 +134,13 @@ class HostModelDrafter : public Drafter {
           !st.is_ok())
         return st;
     }
-    const int64_t size = config.get_int(kDraftVocabularyParam.name);
-    Status st = restrict_vocabulary(static_cast<int32_t>(std::min<int64_t>(size, model_->vocab_size())), ranking);
+    // The parameter's range (at most 2^24) fits an int32_t.
+    Status st = restrict_vocabulary(static_cast<int32_t>(config.get_int(kDraftVocabularyParam.name)), ranking);
     if (!st.is_ok()) return Status(st.code(), key + ".vocabulary: " + st.message());
     if (!columns_.empty())
       context.logger->log(LogLevel::kInfo, "drafter." + plugin + ": drafting from " + std::to_string(columns_.size()) +
                                                " of " + std::to_string(model_->vocab_size()) + " tokens");
     return st;
-  }
-
-  // Columns of the draft's logits rows: the restricted vocabulary's size, else the whole one.
-  int32_t draft_vocabulary_size() const {
-    return columns_.empty() ? model_->vocab_size() : static_cast<int32_t>(columns_.size());
   }
 
   Status propose(std::span<const DraftRequest> requests) override {
@@ -195,6 +190,11 @@ class HostModelDrafter : public Drafter {
   }
 
  private:
+  // Columns of the draft's logits rows: the restricted vocabulary's size, else the whole one.
+  int32_t draft_vocabulary_size() const {
+    return columns_.empty() ? model_->vocab_size() : static_cast<int32_t>(columns_.size());
+  }
+
   // Blocks for `positions` positions of `s`, allocated from the pool; false if it ran out.
   bool reserve(HostModelDraftSequence& s, int32_t positions) {
     const int32_t block = model_->kv_layout().block_size;
