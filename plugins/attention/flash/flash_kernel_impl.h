@@ -354,9 +354,9 @@ inline void prefetch_bytes(const void* row, size_t bytes) {
 #endif
 }
 
-// Reads every cache line of a decode tile's K rows, then its V rows, with plain loads, one
-// run of consecutive slots (a KV block's part of the tile) at a time, before the dots touch
-// them; the values are discarded. Each K/V row is read once per token and has usually left
+// Reads every cache line of a decode tile's K rows, then its V rows, with plain loads (a
+// byte per line), one run of consecutive slots (a KV block's part of the tile) at a time,
+// before the dots touch them; the values are discarded. Each K/V row is read once per token and has usually left
 // the cache since the last one. Software prefetches of a whole tile (64 positions x 3 f16
 // heads: 768 lines) stalled as long as the misses they were meant to hide, and prefetching
 // the next tile instead changed nothing; sequential loads over each contiguous run let the
@@ -367,27 +367,23 @@ inline void prefetch_bytes(const void* row, size_t bytes) {
 template <class Pool>
 inline void stream_tile(const Pool& k_pool, const Pool& v_pool, const int64_t* slots,
                         int32_t count) {
-#if TESSERA_FLASH_AVX2
   constexpr size_t kUnit = sizeof(*k_pool.base);
-  __m256i sink = _mm256_setzero_si256();
+  uint32_t sink = 0;
   for (int32_t c0 = 0; c0 < count;) {
     int32_t c1 = c0 + 1;
     while (c1 < count && slots[c1] == slots[c1 - 1] + k_pool.slot_stride) ++c1;
-    const size_t bytes = static_cast<size_t>(c1 - c0) * static_cast<size_t>(k_pool.slot_stride) * kUnit;
+    const size_t bytes =
+        static_cast<size_t>(c1 - c0) * static_cast<size_t>(k_pool.slot_stride) * kUnit;
     for (const auto* pool : {&k_pool, &v_pool}) {
-      const char* run = reinterpret_cast<const char*>(pool->base + slots[c0]);
-      for (size_t o = 0; o < bytes; o += 64)
-        sink = _mm256_or_si256(sink, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + o)));
+      // One byte per 64 bytes, and the run's last byte: every line the run spans, whatever
+      // its alignment, and nothing past its end (a q8_0 run need not end on a line).
+      const auto* run = reinterpret_cast<const uint8_t*>(pool->base + slots[c0]);
+      for (size_t o = 0; o < bytes; o += 64) sink |= run[o];
+      sink |= run[bytes - 1];
     }
     c0 = c1;
   }
-  __asm__ volatile("" : : "x"(sink));  // keeps the loads
-#else
-  (void)k_pool;
-  (void)v_pool;
-  (void)slots;
-  (void)count;
-#endif
+  __asm__ volatile("" : : "r"(sink));  // keeps the loads
 }
 
 // One K or V pool as the in-place decode loops read it: at(slot, h) is KV head h's row at a
