@@ -356,14 +356,15 @@ inline void prefetch_bytes(const void* row, size_t bytes) {
 
 // Reads every cache line of a decode tile's K rows, then its V rows, with plain loads (a
 // byte per line), one run of consecutive slots (a KV block's part of the tile) at a time,
-// before the dots touch them; the values are discarded. Each K/V row is read once per token and has usually left
-// the cache since the last one. Software prefetches of a whole tile (64 positions x 3 f16
-// heads: 768 lines) stalled as long as the misses they were meant to hide, and prefetching
-// the next tile instead changed nothing; sequential loads over each contiguous run let the
-// hardware prefetchers stream it. `bench_attention --plugin flash --decode-only --context 256
-// --batch 256` (50 MB of f16 K/V, more than the L3): 5.9-7.1 ms with the prefetches, 3.8-4.3
-// ms with these loads (AVX2 EPYC, 32 MiB L3, 2026-12-07); K/V in L3 (batch 16-64) is as fast
-// either way. Pool is FloatPool or Q8Pool: base + slot addresses a position in both.
+// before the dots touch them; the values are discarded. Each K/V row is read once per token
+// and has usually left the cache since the last one. Software prefetches of a whole tile (64
+// positions x 3 f16 heads: 768 lines) stalled as long as the misses they were meant to hide,
+// and prefetching the next tile instead changed nothing; sequential loads over each
+// contiguous run let the hardware prefetchers stream it. `bench_attention --plugin flash
+// --decode-only --context 256 --batch 256` (50 MB of f16 K/V, more than the L3): 5.8-6.4 ms
+// with the prefetches, 3.6-4.3 ms with these loads (AVX2 EPYC, 32 MiB L3, 2026-12-07); with
+// the K/V in L3 (batch 16-64) the two are as fast. Pool is FloatPool or Q8Pool: base + slot
+// addresses a position in both.
 template <class Pool>
 inline void stream_tile(const Pool& k_pool, const Pool& v_pool, const int64_t* slots,
                         int32_t count) {
