@@ -1,19 +1,24 @@
 // bench_matmul: the quantized matmuls of one SmolLM2-135M forward pass, alone, on the
-// persistent thread pool — 30 layers of q/k/v/o/gate/up/down in Q4_1 plus the 49152 x 576
-// Q8_0 output projection, about the model's 92 MiB, so the weights stream from DRAM each pass
-// as they do in decode. Prints ms per pass and tokens/s for batches 1..32, and the bytes/s the
-// batch-1 pass reaches. Use it to measure a kernel change without the noise of a whole run:
+// persistent thread pool — 30 layers of q/k/v/o/gate/up/down in Q4_1 (or --type) plus the
+// 49152 x 576 Q8_0 output projection, about the model's 92 MiB, so the weights stream from DRAM
+// each pass as they do in decode. Prints ms per pass and tokens/s for batches 1..32, and the
+// bytes/s the batch-1 pass reaches. Use it to measure a kernel change without the noise of a
+// whole run:
 //
 //     build/bench/bench_matmul [--threads 2] [--passes 20] [--batches 1,4,8,16]
-//                              [--layout ggml|interleaved|both]
+//                              [--layout ggml|interleaved|both] [--type Q4_1|Q4_0|Q5_0|Q8_0|...]
 //
-// --layout picks quantizer.gguf's Q4_1 layout (tessera/interleaved.h); `both` alternates the
-// two pass by pass, so their ratio is measured side by side.
+// --layout picks quantizer.gguf's interleaved layout (tessera/interleaved.h) or ggml's rows;
+// `both` alternates the two pass by pass, so their ratio is measured side by side. --type sets
+// the layer matrices' type (one with an interleaved layout whose block divides 576 and 1536:
+// the K-quants' 256 does not divide 576).
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,11 +35,11 @@ struct Matrix {
   GgmlType type;
   int64_t rows, cols;
   std::vector<uint8_t> data;
-  std::vector<uint8_t> interleaved;  // Q4_1 only: the same rows in the interleaved layout
+  std::vector<uint8_t> interleaved;  // the same rows in the interleaved layout
   size_t row_bytes() const { return tessera::ggml_row_size(type, cols); }
 };
 
-Matrix random_matrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+Matrix random_matrix(GgmlType type, int64_t rows, int64_t cols, bool interleave, std::mt19937& rng) {
   Matrix m{type, rows, cols, {}};
   m.data.resize(m.row_bytes() * rows);
   std::normal_distribution<float> dist(0.0f, 0.05f);
@@ -43,9 +48,9 @@ Matrix random_matrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rn
     for (auto& v : f) v = dist(rng);
     tessera::quantize_row(type, f.data(), m.data.data() + r * m.row_bytes(), cols);
   }
-  if (type == GgmlType::Q4_1) {
-    m.interleaved.resize(tessera::interleaved_q4_1_size(rows, cols));
-    tessera::interleave_q4_1(m.data.data(), rows, cols, m.interleaved.data());
+  if (interleave) {
+    m.interleaved.resize(tessera::interleaved_size(type, rows, cols));
+    tessera::interleave_rows(type, m.data.data(), rows, cols, m.interleaved.data());
   }
   return m;
 }
@@ -66,10 +71,10 @@ void run_matmul(tessera::ThreadPool& pool, const Job& job) {
   pool.run(tasks, [&](int64_t b, int64_t e, int) {
     const int64_t r0 = b * kRowsPerTask, r1 = std::min(job.m->rows, e * kRowsPerTask);
     if (job.interleaved && !job.m->interleaved.empty()) {
-      const size_t group_bytes = tessera::interleaved_q4_1_group_size(job.m->cols);
-      tessera::matmul_q4_1_interleaved(job.m->interleaved.data() + r0 / 8 * group_bytes,
-                                       job.m->cols, r1 - r0, job.x, job.x_stride, job.tokens,
-                                       job.y + r0, job.m->rows);
+      const size_t group_bytes = tessera::interleaved_group_size(job.m->type, job.m->cols);
+      tessera::matmul_interleaved(job.m->type, job.m->interleaved.data() + r0 / 8 * group_bytes,
+                                  job.m->cols, r1 - r0, job.x, job.x_stride, job.tokens,
+                                  job.y + r0, job.m->rows);
       return;
     }
     tessera::vec_dot_tile(job.m->type, job.m->cols, job.m->data.data() + r0 * job.m->row_bytes(),
@@ -83,12 +88,27 @@ void run_matmul(tessera::ThreadPool& pool, const Job& job) {
 int main(int argc, char** argv) {
   int threads = 2, passes = 20;
   std::string layout = "ggml";
+  GgmlType layer_type = GgmlType::Q4_1;
   std::vector<int> batches = {1, 2, 4, 8, 16, 32};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--passes" && i + 1 < argc) passes = std::atoi(argv[++i]);
     else if (a == "--layout" && i + 1 < argc) layout = argv[++i];
+    else if (a == "--type" && i + 1 < argc) {
+      std::string name = argv[++i];  // ggml's names are lower case; accept either
+      for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      std::optional<GgmlType> t;
+      for (GgmlType c : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                         GgmlType::Q8_0})
+        if (name == tessera::ggml_type_name(c)) t = c;
+      if (!t) {
+        std::fprintf(stderr, "--type: expected a type with an interleaved layout and a block "
+                     "dividing 576 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), got '%s'\n", name.c_str());
+        return 2;
+      }
+      layer_type = *t;
+    }
     else if (a == "--batches" && i + 1 < argc) {
       batches.clear();
       std::string s = argv[++i];
@@ -100,7 +120,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr, "usage: %s [--threads N] [--passes N] [--batches 1,4,...] "
-                   "[--layout ggml|interleaved|both]\n", argv[0]);
+                   "[--layout ggml|interleaved|both] [--type T]\n", argv[0]);
       return 2;
     }
   }
@@ -117,15 +137,15 @@ int main(int argc, char** argv) {
   size_t bytes = 0;
   for (int64_t l = 0; l < layers; ++l) {
     for (auto [r, c] : {std::pair{d, d}, {kv, d}, {kv, d}, {d, d}, {ffn, d}, {ffn, d}, {d, ffn}})
-      mats.push_back(random_matrix(GgmlType::Q4_1, r, c, rng));
+      mats.push_back(random_matrix(layer_type, r, c, layout != "ggml", rng));
   }
-  mats.push_back(random_matrix(GgmlType::Q8_0, vocab, d, rng));
+  mats.push_back(random_matrix(GgmlType::Q8_0, vocab, d, false, rng));
   for (const auto& m : mats) bytes += m.data.size();
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   std::vector<float> xf(static_cast<size_t>(max_batch) * ffn);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (auto& v : xf) v = dist(rng);
-  // Activations quantized once per type (both Q8_0 and Q8_1 rows of up to ffn columns).
+  // Activations quantized once per type (the layer type's dot type and Q8_0, up to ffn columns).
   auto quantized = [&](GgmlType t, int64_t cols) {
     const size_t rb = tessera::ggml_row_size(t, cols);
     std::vector<uint8_t> q(rb * max_batch);
@@ -133,12 +153,13 @@ int main(int argc, char** argv) {
       tessera::quantize_activation_row(t, xf.data() + b * cols, q.data() + b * rb, cols);
     return q;
   };
-  const auto x81_d = quantized(GgmlType::Q8_1, d), x81_f = quantized(GgmlType::Q8_1, ffn);
+  const GgmlType layer_dot = tessera::vec_dot_type(layer_type);
+  const auto xl_d = quantized(layer_dot, d), xl_f = quantized(layer_dot, ffn);
   const auto x80_d = quantized(GgmlType::Q8_0, d);
   std::vector<float> y(static_cast<size_t>(max_batch) * vocab);
   tessera::ThreadPool pool(threads);
-  std::printf("weights %.1f MiB in %zu matrices, %d threads, %d passes per batch\n",
-              bytes / 1048576.0, mats.size(), threads, passes);
+  std::printf("weights %.1f MiB in %zu matrices (layers %s), %d threads, %d passes per batch\n",
+              bytes / 1048576.0, mats.size(), tessera::ggml_type_name(layer_type), threads, passes);
   std::printf("layout        batch   ms/pass (median)   min     tokens/s   GB/s (weights)\n");
   for (int batch : batches) {
     std::vector<std::vector<double>> ms(layouts.size());
@@ -147,8 +168,9 @@ int main(int argc, char** argv) {
         const auto t0 = std::chrono::steady_clock::now();
         for (const auto& m : mats) {
           const bool q8_0 = m.type == GgmlType::Q8_0;
-          const auto& x = q8_0 ? x80_d : (m.cols == d ? x81_d : x81_f);
-          const size_t xs = tessera::ggml_row_size(q8_0 ? GgmlType::Q8_0 : GgmlType::Q8_1, m.cols);
+          const bool head = &m == &mats.back();
+          const auto& x = head ? x80_d : (m.cols == d ? xl_d : xl_f);
+          const size_t xs = tessera::ggml_row_size(head ? GgmlType::Q8_0 : layer_dot, m.cols);
           run_matmul(pool, Job{&m, x.data(), xs, batch, y.data(), layouts[li]});
         }
         const auto t1 = std::chrono::steady_clock::now();

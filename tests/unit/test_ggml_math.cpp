@@ -135,6 +135,44 @@ TEST_CASE("sum_exp_shifted: both builds give the same bits, close to the double-
   CHECK(tessera::sum_exp_shifted(masked.data(), 16, 0.0f) == 1.0);
 }
 
+TEST_CASE("exp_shifted_row: both builds give the same bits; the sum is sum_exp_shifted's at divisor 1") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  for (int64_t n : {0, 1, 7, 8, 9, 64, 1000, 49152}) {
+    for (float divisor : {1.0f, 0.7f, 1e-6f}) {
+      CAPTURE(n);
+      CAPTURE(divisor);
+      std::vector<float> x(static_cast<size_t>(n));
+      for (auto& v : x) v = dist(rng);
+      const float shift = n > 0 ? *std::max_element(x.begin(), x.end()) : 0.0f;
+      std::vector<float> fast(x.size(), -1.0f), portable(x.size(), -2.0f);
+      const double fast_sum = tessera::exp_shifted_row(x.data(), fast.data(), n, shift, divisor);
+      const double portable_sum =
+          tessera::exp_shifted_row_scalar(x.data(), portable.data(), n, shift, divisor);
+      CHECK(std::memcmp(&fast_sum, &portable_sum, sizeof fast_sum) == 0);
+      CHECK(std::memcmp(fast.data(), portable.data(), fast.size() * sizeof(float)) == 0);
+      double exact = 0.0, written = 0.0;
+      size_t far = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        // The argument as both builds round it (float subtract, IEEE divide), then each
+        // value within ggml's exp's 1.5 ulp of the exact exponential of that argument.
+        const float arg = (x[i] - shift) / divisor;
+        const double e = std::exp(static_cast<double>(arg));
+        exact += e;
+        written += fast[i];
+        far += std::fabs(fast[i] - e) > 2e-7 * e + 1e-38;
+      }
+      CHECK(far == 0);
+      CHECK(std::fabs(fast_sum - exact) <= 2e-7 * exact);
+      CHECK(std::fabs(fast_sum - written) <= 1e-12 * exact);
+      if (divisor == 1.0f) {
+        const double plain = tessera::sum_exp_shifted(x.data(), n, shift);
+        CHECK(std::memcmp(&plain, &fast_sum, sizeof plain) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("gelu_mul_range: ggml's f16-table GELU (tanh form) times up") {
   // The table holds f16(gelu(x)) for every half x (checked against libggml-cpu's
   // ggml_table_gelu_f16: all 65,536 entries equal); here against the formula in double.

@@ -14,6 +14,7 @@ void silu_mul_avx2(float* gate, const float* up, int64_t begin, int64_t end);
 void rope_rows_avx2(const RopeRowsArgs& a, int64_t begin, int64_t end);
 void fp32_to_fp16_row_f16c(const float* src, uint16_t* dst, int64_t n);
 double sum_exp_shifted_avx2(const float* x, int64_t n, float shift);
+double exp_shifted_row_avx2(const float* x, float* out, int64_t n, float shift, float divisor);
 }  // namespace kernels
 
 void silu_mul_range_scalar(float* gate, const float* up, int64_t begin, int64_t end) {
@@ -82,6 +83,17 @@ double sum_exp_shifted(const float* x, int64_t n, float shift) {
   if (cpu_has_avx2()) return kernels::sum_exp_shifted_avx2(x, n, shift);
 #endif
   return sum_exp_shifted_scalar(x, n, shift);
+}
+
+double exp_shifted_row_scalar(const float* x, float* out, int64_t n, float shift, float divisor) {
+  return kernels::exp_shifted_row_impl(x, out, n, shift, divisor);
+}
+
+double exp_shifted_row(const float* x, float* out, int64_t n, float shift, float divisor) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpu_has_avx2()) return kernels::exp_shifted_row_avx2(x, out, n, shift, divisor);
+#endif
+  return exp_shifted_row_scalar(x, out, n, shift, divisor);
 }
 
 void fp32_to_fp16_row(const float* src, uint16_t* dst, int64_t n) {

@@ -22,6 +22,10 @@ double sum_exp_shifted_avx2(const float* x, int64_t n, float shift) {
   return sum_exp_shifted_impl(x, n, shift);
 }
 
+double exp_shifted_row_avx2(const float* x, float* out, int64_t n, float shift, float divisor) {
+  return exp_shifted_row_impl(x, out, n, shift, divisor);
+}
+
 // vcvtps2ph with round-to-nearest-even gives fp32_to_fp16's bits for every non-NaN float
 // (overflow to inf, subnormal halves, ties to even); a NaN keeps part of its payload there,
 // where fp32_to_fp16 returns the canonical quiet NaN, so groups holding a NaN go the scalar way.

@@ -28,16 +28,28 @@ inline void silu_mul_impl(float* gate, const float* up, int64_t begin, int64_t e
   }
 }
 
-inline double sum_exp_shifted_impl(const float* x, int64_t n, float shift) {
+// Sum over i < n of exp((x[i] - shift) / divisor), and with kRow each term written to out[i]
+// (without it, out is unused and there is no division: sum_exp_shifted).
+template <bool kRow>
+inline double exp_shifted_impl(const float* x, float* out, int64_t n, float shift, float divisor) {
   // Eight partial sums, lane l taking elements i with i % 8 == l, combined in a fixed tree:
   // the AVX2 build keeps them in two 4-wide double vectors, the portable one in an array.
+  // The division is IEEE in both.
   double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  auto term = [&](int64_t i) {
+    const float e = simd::ggml_expf_inline(kRow ? (x[i] - shift) / divisor : x[i] - shift);
+    if constexpr (kRow) out[i] = e;
+    return static_cast<double>(e);
+  };
   int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-  const __m256 s = _mm256_set1_ps(shift);
+  const __m256 s = _mm256_set1_ps(shift), d = _mm256_set1_ps(divisor);
   for (; i + 8 <= n; i += 8) {
-    const __m256 e = simd::ggml_v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    __m256 arg = _mm256_sub_ps(_mm256_loadu_ps(x + i), s);
+    if constexpr (kRow) arg = _mm256_div_ps(arg, d);
+    const __m256 e = simd::ggml_v_expf(arg);
+    if constexpr (kRow) _mm256_storeu_ps(out + i, e);
     lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
     hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
   }
@@ -45,11 +57,20 @@ inline double sum_exp_shifted_impl(const float* x, int64_t n, float shift) {
   _mm256_storeu_pd(lanes + 4, hi);
 #else
   for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(simd::ggml_expf_inline(x[i + l] - shift));
+    for (int l = 0; l < 8; ++l) lanes[l] += term(i + l);
 #endif
   double sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-  for (; i < n; ++i) sum += static_cast<double>(simd::ggml_expf_inline(x[i] - shift));
+  for (; i < n; ++i) sum += term(i);
   return sum;
+}
+
+inline double sum_exp_shifted_impl(const float* x, int64_t n, float shift) {
+  return exp_shifted_impl<false>(x, nullptr, n, shift, 1.0f);
+}
+
+inline double exp_shifted_row_impl(const float* x, float* out, int64_t n, float shift,
+                                   float divisor) {
+  return exp_shifted_impl<true>(x, out, n, shift, divisor);
 }
 
 inline void rope_rows_impl(const RopeRowsArgs& p, int64_t begin, int64_t end) {

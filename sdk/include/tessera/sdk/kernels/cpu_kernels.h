@@ -41,6 +41,11 @@ void fp32_to_fp16_row(const float* src, uint16_t* dst, int64_t n);
 // same bits.
 double sum_exp_shifted(const float* x, int64_t n, float shift);
 double sum_exp_shifted_scalar(const float* x, int64_t n, float shift);
+// out[i] = exp((x[i] - shift) / divisor) for i < n, with ggml's exp, and their sum in double
+// in sum_exp_shifted's order: the unnormalized softmax of a row at temperature `divisor`
+// (kernels 1.5). Both builds give the same bits.
+double exp_shifted_row(const float* x, float* out, int64_t n, float shift, float divisor);
+double exp_shifted_row_scalar(const float* x, float* out, int64_t n, float shift, float divisor);
 void rope_rows(const RopeRowsArgs& a, int64_t begin, int64_t end);
 void rope_rows_scalar(const RopeRowsArgs& a, int64_t begin, int64_t end);
 

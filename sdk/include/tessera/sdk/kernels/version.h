@@ -24,10 +24,12 @@
 // (programmatic dependent launch for those kernels, rms_norm, attention_decode, gather_rows
 // and sample_rows). rms_norm now reads float4 with up to 1024 threads: its double sum runs in
 // another order, which can move a result by one ulp only at a near rounding tie.
+// 1.5 exp_shifted_row in cpu_kernels.h (a row's unnormalized softmax at a temperature, for
+// sampling over a whole vocabulary without sorting it); every existing result unchanged.
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
-#define TESSERA_SDK_KERNELS_VERSION_MINOR 4
+#define TESSERA_SDK_KERNELS_VERSION_MINOR 5
 
 namespace tessera {
 inline constexpr int kSdkKernelsVersionMajor = TESSERA_SDK_KERNELS_VERSION_MAJOR;
