@@ -64,6 +64,8 @@ async def one_request(client, args, stats, rng):
             "stream": True, "stream_options": {"include_usage": True}}
     if args.ignore_eos:
         body["ignore_eos"] = True
+    if args.top_k is not None:
+        body["top_k"] = args.top_k
     if args.top_p is not None:
         body["top_p"] = args.top_p
     if args.min_p is not None:
@@ -175,6 +177,7 @@ def main():
     ap.add_argument("--model", default="", help="default: the first of /v1/models")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--top-k", type=int, default=None, help="sent when given (a llama.cpp/vLLM extension)")
     ap.add_argument("--top-p", type=float, default=None, help="sent when given")
     ap.add_argument("--min-p", type=float, default=None, help="sent when given (a llama.cpp/vLLM extension)")
     ap.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
