@@ -167,7 +167,6 @@ int main(int argc, char** argv) {
       for (size_t li = 0; li < layouts.size(); ++li) {
         const auto t0 = std::chrono::steady_clock::now();
         for (const auto& m : mats) {
-          const bool q8_0 = m.type == GgmlType::Q8_0;
           const bool head = &m == &mats.back();
           const auto& x = head ? x80_d : (m.cols == d ? xl_d : xl_f);
           const size_t xs = tessera::ggml_row_size(head ? GgmlType::Q8_0 : layer_dot, m.cols);

@@ -205,6 +205,8 @@ class StandardSampler final : public Sampler {
         const float max = candidates_[0].logit;
         for (const Candidate& c : candidates_) sum += std::exp(c.logit - max);
         unit_softmax(keep, sum);
+        bool decided;  // always: the whole top k is in hand
+        candidates_.resize(kept_by_cuts(keep, p, &decided));
       }
     } else {
       // No top-k: the cuts' normalizer is the whole vocabulary's; the head they keep is
@@ -215,28 +217,12 @@ class StandardSampler final : public Sampler {
       for (;;) {
         std::partial_sort(candidates_.begin(), candidates_.begin() + head, candidates_.end(), by_logit);
         unit_softmax(head, sum);
-        if (head == n || cuts_end_before(head, p)) break;
+        bool decided;
+        keep = kept_by_cuts(head, p, &decided);
+        if (decided || head == n) break;
         head = std::min(n, head * 8);
       }
-      candidates_.resize(head);
-    }
-    if (cuts) {
-      if (p.top_p < 1.0f) {
-        double cum = 0.0;
-        size_t last = candidates_.size();
-        for (size_t i = 0; i < candidates_.size(); ++i) {
-          cum += probs_sorted_[i];
-          if (cum >= p.top_p) { last = i + 1; break; }
-        }
-        candidates_.resize(std::max<size_t>(1, last));
-        probs_sorted_.resize(candidates_.size());
-      }
-      if (p.min_p > 0.0f) {
-        const float threshold = probs_sorted_[0] * p.min_p;
-        size_t last = 1;
-        while (last < candidates_.size() && probs_sorted_[last] >= threshold) ++last;
-        candidates_.resize(last);
-      }
+      candidates_.resize(keep);
     }
     // Temperature over the kept candidates, in their sorted order.
     probs_sorted_.resize(candidates_.size());
@@ -252,21 +238,31 @@ class StandardSampler final : public Sampler {
     return probs_;
   }
 
-  // Whether top-p and min-p, applied to the sorted head probs_sorted_[0, head), stop inside
-  // it: top-p once the cumulative probability reaches top_p before the head's end; min-p
-  // (alone) once a head candidate falls below its threshold. Candidates past the head are
-  // no more probable than its last, so they would be cut too.
-  bool cuts_end_before(size_t head, const SamplingParams& p) const {
+  // top-p, then min-p (llama.cpp's order), over the sorted probs_sorted_[0, head): how many
+  // candidates they keep. *decided: whether a cut ends inside the head, so that candidates past
+  // it (no more probable than its last) could not change the result.
+  size_t kept_by_cuts(size_t head, const SamplingParams& p, bool* decided) const {
+    size_t keep = head;
+    *decided = false;
     if (p.top_p < 1.0f) {
       double cum = 0.0;
       for (size_t i = 0; i < head; ++i) {
         cum += probs_sorted_[i];
-        if (cum >= p.top_p) return true;  // min-p then cuts within these
+        if (cum >= p.top_p) {
+          keep = i + 1;
+          *decided = true;
+          break;
+        }
       }
-      return false;
     }
-    const float threshold = probs_sorted_[0] * p.min_p;
-    return probs_sorted_[head - 1] < threshold;
+    if (p.min_p > 0.0f) {
+      const float threshold = probs_sorted_[0] * p.min_p;
+      size_t last = 1;
+      while (last < keep && probs_sorted_[last] >= threshold) ++last;
+      *decided = *decided || last < keep;
+      keep = last;
+    }
+    return keep;
   }
 
   TokenId draw_from(const std::vector<float>& probs, SamplerState* state) {
