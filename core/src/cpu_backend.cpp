@@ -25,16 +25,35 @@ void CpuBackend::copy_on_device(void* dst, const void* src, size_t bytes) { std:
 
 void CpuBackend::rms_norm(float* out, const float* in, const float* weight, int64_t rows,
                           int64_t dim, float eps) {
+  // Each row's sum of squares is ggml's: x[i] * x[i] in float, added in double in element
+  // order, so norms match llama.cpp's bit for bit. That order is a chain of dependent double
+  // adds (~3 cycles each, 2-3 % of a serving profile), so kRowsAtOnce rows run side by side:
+  // independent chains the core overlaps, each in its own row's order (the same bits).
+  constexpr int64_t kRowsAtOnce = 4;
+  const auto normalize = [&](int64_t r, double sum) {
+    const float* x = in + r * dim;
+    float* y = out + r * dim;
+    const float mean = static_cast<float>(sum / static_cast<double>(dim));
+    const float scale = 1.0f / std::sqrt(mean + eps);
+    for (int64_t i = 0; i < dim; ++i) y[i] = (x[i] * scale) * weight[i];
+  };
   pool_.run(rows, [&](int64_t begin, int64_t end, int) {
-    for (int64_t r = begin; r < end; ++r) {
+    int64_t r = begin;
+    for (; r + kRowsAtOnce <= end; r += kRowsAtOnce) {
       const float* x = in + r * dim;
-      float* y = out + r * dim;
-      // Sum of squares in double, as ggml does, so norms match llama.cpp closely.
+      double sum[kRowsAtOnce] = {0.0, 0.0, 0.0, 0.0};
+      for (int64_t i = 0; i < dim; ++i)
+        for (int64_t k = 0; k < kRowsAtOnce; ++k) {
+          const float v = x[k * dim + i];
+          sum[k] += static_cast<double>(v * v);
+        }
+      for (int64_t k = 0; k < kRowsAtOnce; ++k) normalize(r + k, sum[k]);
+    }
+    for (; r < end; ++r) {
+      const float* x = in + r * dim;
       double sum = 0.0;
       for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(x[i] * x[i]);
-      const float mean = static_cast<float>(sum / static_cast<double>(dim));
-      const float scale = 1.0f / std::sqrt(mean + eps);
-      for (int64_t i = 0; i < dim; ++i) y[i] = (x[i] * scale) * weight[i];
+      normalize(r, sum);
     }
   });
 }

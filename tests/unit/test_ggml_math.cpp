@@ -201,3 +201,52 @@ TEST_CASE("gelu_mul_range: ggml's f16-table GELU (tanh form) times up") {
     }
   }
 }
+
+TEST_CASE("argmax_row: std::max_element's index in both builds, ties, signed zeros and NaNs included") {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const auto reference = [](const std::vector<float>& x) {
+    return static_cast<int64_t>(std::max_element(x.begin(), x.end()) - x.begin());
+  };
+  const auto check = [&](const std::vector<float>& x) {
+    const auto n = static_cast<int64_t>(x.size());
+    CHECK(tessera::argmax_row(x.data(), n) == reference(x));
+    CHECK(tessera::argmax_row_scalar(x.data(), n) == reference(x));
+  };
+  for (int64_t n : {1, 2, 7, 8, 31, 32, 33, 63, 64, 100, 1000, 49152}) {
+    CAPTURE(n);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = dist(rng);
+    check(x);
+    // The greatest at every position class: first, in the 32-lane body, in the tail, last.
+    for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+      std::vector<float> y = x;
+      y[static_cast<size_t>(at)] = 100.0f;
+      check(y);
+      // A tie later keeps the first; an equal value earlier becomes the answer.
+      if (at + 1 < n) {
+        y[static_cast<size_t>(n - 1)] = 100.0f;
+        check(y);
+      }
+      if (at > 0) {
+        y[0] = 100.0f;
+        check(y);
+      }
+    }
+    // Signed zeros: -0 and +0 compare equal, so the first of them wins.
+    std::vector<float> zeros(static_cast<size_t>(n), -1.0f);
+    zeros[static_cast<size_t>(n / 3)] = -0.0f;
+    zeros[static_cast<size_t>(n - 1)] = 0.0f;
+    check(zeros);
+    // All -inf: index 0. NaNs after x[0] are passed over; a NaN at x[0] is the answer.
+    check(std::vector<float>(static_cast<size_t>(n), -inf));
+    std::vector<float> with_nan = x;
+    with_nan[static_cast<size_t>(n - 1)] = nan;
+    if (n > 2) with_nan[static_cast<size_t>(n / 2)] = nan;
+    check(with_nan);
+    with_nan[0] = nan;
+    check(with_nan);
+  }
+}

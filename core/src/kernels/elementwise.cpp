@@ -15,6 +15,7 @@ void rope_rows_avx2(const RopeRowsArgs& a, int64_t begin, int64_t end);
 void fp32_to_fp16_row_f16c(const float* src, uint16_t* dst, int64_t n);
 double sum_exp_shifted_avx2(const float* x, int64_t n, float shift);
 double exp_shifted_row_avx2(const float* x, float* out, int64_t n, float shift, float divisor);
+int64_t argmax_row_avx2(const float* x, int64_t n);
 }  // namespace kernels
 
 void silu_mul_range_scalar(float* gate, const float* up, int64_t begin, int64_t end) {
@@ -94,6 +95,15 @@ double exp_shifted_row(const float* x, float* out, int64_t n, float shift, float
   if (cpu_has_avx2()) return kernels::exp_shifted_row_avx2(x, out, n, shift, divisor);
 #endif
   return exp_shifted_row_scalar(x, out, n, shift, divisor);
+}
+
+int64_t argmax_row_scalar(const float* x, int64_t n) { return kernels::argmax_impl(x, n); }
+
+int64_t argmax_row(const float* x, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpu_has_avx2()) return kernels::argmax_row_avx2(x, n);
+#endif
+  return argmax_row_scalar(x, n);
 }
 
 void fp32_to_fp16_row(const float* src, uint16_t* dst, int64_t n) {

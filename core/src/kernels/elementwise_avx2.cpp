@@ -26,6 +26,8 @@ double exp_shifted_row_avx2(const float* x, float* out, int64_t n, float shift, 
   return exp_shifted_row_impl(x, out, n, shift, divisor);
 }
 
+int64_t argmax_row_avx2(const float* x, int64_t n) { return argmax_impl(x, n); }
+
 // vcvtps2ph with round-to-nearest-even gives fp32_to_fp16's bits for every non-NaN float
 // (overflow to inf, subnormal halves, ties to even); a NaN keeps part of its payload there,
 // where fp32_to_fp16 returns the canonical quiet NaN, so groups holding a NaN go the scalar way.

@@ -73,6 +73,42 @@ inline double exp_shifted_row_impl(const float* x, float* out, int64_t n, float 
   return exp_shifted_impl<true>(x, out, n, shift, divisor);
 }
 
+// The index of the first greatest of x[0..n) (n > 0) under `<`, as std::max_element finds
+// it: a NaN at x[0] is returned, NaNs after it are passed over. The AVX2 build takes the
+// maximum 32 lanes at a time (max(x, acc) keeps acc where x is a NaN), then finds its first
+// occurrence; equality treats -0 and +0 alike, as `<` does, so both builds pick the same index.
+inline int64_t argmax_impl(const float* x, int64_t n) {
+  if (n <= 1 || std::isnan(x[0])) return 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (n >= 32) {
+    __m256 acc[4];
+    for (auto& a : acc) a = _mm256_set1_ps(x[0]);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+      for (int k = 0; k < 4; ++k) acc[k] = _mm256_max_ps(_mm256_loadu_ps(x + i + 8 * k), acc[k]);
+    const __m256 m8 = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float best = _mm_cvtss_f32(m4);
+    for (; i < n; ++i)
+      if (best < x[i]) best = x[i];
+    const __m256 b = _mm256_set1_ps(best);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+      const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), b, _CMP_EQ_OQ));
+      if (mask != 0) return j + __builtin_ctz(static_cast<unsigned>(mask));
+    }
+    for (; j < n; ++j)
+      if (x[j] == best) return j;
+  }
+#endif
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[best] < x[i]) best = i;
+  return best;
+}
+
 inline void rope_rows_impl(const RopeRowsArgs& p, int64_t begin, int64_t end) {
   const int32_t head_dim = p.head_dim;
   const int32_t rot = p.rotary_dim;

@@ -46,6 +46,11 @@ double sum_exp_shifted_scalar(const float* x, int64_t n, float shift);
 // (kernels 1.5). Both builds give the same bits.
 double exp_shifted_row(const float* x, float* out, int64_t n, float shift, float divisor);
 double exp_shifted_row_scalar(const float* x, float* out, int64_t n, float shift, float divisor);
+// The index of the first greatest of x[0..n) (n > 0), exactly what std::max_element returns
+// (a NaN at x[0] is returned, NaNs after it are passed over): a greedy token without a scalar
+// pass over the vocabulary (kernels 1.6). Both builds return the same index.
+int64_t argmax_row(const float* x, int64_t n);
+int64_t argmax_row_scalar(const float* x, int64_t n);
 void rope_rows(const RopeRowsArgs& a, int64_t begin, int64_t end);
 void rope_rows_scalar(const RopeRowsArgs& a, int64_t begin, int64_t end);
 

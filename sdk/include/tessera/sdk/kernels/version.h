@@ -26,10 +26,12 @@
 // another order, which can move a result by one ulp only at a near rounding tie.
 // 1.5 exp_shifted_row in cpu_kernels.h (a row's unnormalized softmax at a temperature, for
 // sampling over a whole vocabulary without sorting it); every existing result unchanged.
+// 1.6 argmax_row in cpu_kernels.h (std::max_element's index over a row, vectorized: greedy
+// sampling and the logprob normalizer's maximum); every existing result unchanged.
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
-#define TESSERA_SDK_KERNELS_VERSION_MINOR 5
+#define TESSERA_SDK_KERNELS_VERSION_MINOR 6
 
 namespace tessera {
 inline constexpr int kSdkKernelsVersionMajor = TESSERA_SDK_KERNELS_VERSION_MAJOR;
