@@ -18,8 +18,8 @@
 namespace tessera {
 namespace flash {
 void run_task_generic(const AttentionShape& shape, const AttentionBatch& batch, const Task& task,
-                      const Layout& layout, float* scratch) {
-  run_task_impl(shape, batch, task, layout, scratch);
+                      const Layout& layout, float* scratch, const Task* following) {
+  run_task_impl(shape, batch, task, layout, scratch, following);
 }
 }  // namespace flash
 
@@ -125,9 +125,15 @@ class FlashAttention final : public AttentionKernel {
     const int64_t workers = std::min<int64_t>(num_threads, static_cast<int64_t>(tasks_.size()));
     executor.run(workers, [&](int64_t, int64_t, int thread) {
       float* scratch = scratch_[thread].data();
-      for (size_t t = next.fetch_add(1, std::memory_order_relaxed); t < tasks_.size();
-           t = next.fetch_add(1, std::memory_order_relaxed))
-        run_task(shape, batch, tasks_[t], lay, scratch);
+      // Each thread claims its next task before running the current one, so a decode task
+      // can ask for the next one's first K/V tile while it computes its last (run_task).
+      size_t t = next.fetch_add(1, std::memory_order_relaxed);
+      while (t < tasks_.size()) {
+        const size_t following = next.fetch_add(1, std::memory_order_relaxed);
+        run_task(shape, batch, tasks_[t], lay, scratch,
+                 following < tasks_.size() ? &tasks_[following] : nullptr);
+        t = following;
+      }
     });
     return Status::ok();
   }
@@ -158,7 +164,8 @@ class FlashAttention final : public AttentionKernel {
     lay.v = lay.k + lay.kv_tile * d;          // V tile
     // Row offsets of a decode tile and the rows prefetched past it, as int64 (2 floats each).
     lay.slots = (lay.v + lay.kv_tile * d + 1) & ~size_t{1};
-    lay.num_floats = lay.slots + 2 * static_cast<size_t>(lay.kv_tile + flash::kPrefetchRows);
+    // Two sets: a whole-sequence decode task holds the next tile's beside the current one's.
+    lay.num_floats = lay.slots + 4 * static_cast<size_t>(lay.kv_tile + flash::kPrefetchRows);
     return lay;
   }
 

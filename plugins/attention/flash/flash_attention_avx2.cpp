@@ -4,7 +4,7 @@
 
 namespace tessera::flash {
 void run_task_avx2(const AttentionShape& shape, const AttentionBatch& batch, const Task& task,
-                   const Layout& layout, float* scratch) {
-  run_task_impl(shape, batch, task, layout, scratch);
+                   const Layout& layout, float* scratch, const Task* following) {
+  run_task_impl(shape, batch, task, layout, scratch, following);
 }
 }  // namespace tessera::flash

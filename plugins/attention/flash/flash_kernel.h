@@ -40,11 +40,13 @@ struct Layout {
 };
 
 // Computes the output rows of one task into batch.out. `scratch` holds layout.num_floats
-// floats owned by the calling thread. Thread-safe across distinct tasks.
+// floats owned by the calling thread. Thread-safe across distinct tasks. `following` is the
+// task this thread runs next, or null: a whole-sequence decode task asks for its first K/V
+// tile while computing its own last one (only a prefetch; no result depends on it).
 void run_task_generic(const AttentionShape& shape, const AttentionBatch& batch, const Task& task,
-                      const Layout& layout, float* scratch);
+                      const Layout& layout, float* scratch, const Task* following);
 // The same, compiled for AVX2/FMA/F16C: call only when cpu_has_avx2().
 void run_task_avx2(const AttentionShape& shape, const AttentionBatch& batch, const Task& task,
-                   const Layout& layout, float* scratch);
+                   const Layout& layout, float* scratch, const Task* following);
 
 }  // namespace tessera::flash
