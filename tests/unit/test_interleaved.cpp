@@ -332,6 +332,14 @@ TEST_CASE("interleaved matmul, each type: the AVX-VNNI kernels equal the AVX2 on
   check_same_bits_as_avx2(&tessera::kernels::matmul_x8_avxvnni, {5, 8, 24}, {1, 3, 4, 7});
 }
 
+TEST_CASE("interleaved matmul, each type: the 256-bit AVX512-VNNI kernels equal the AVX2 ones bit for bit") {
+  if (!tessera::kernels::cpu_has_avx512_vnni()) {
+    MESSAGE("CPU lacks AVX512-VNNI (or TESSERA_NO_AVX512 is set): only the AVX2 kernels run here");
+    return;
+  }
+  check_same_bits_as_avx2(&tessera::kernels::matmul_x8_vnni256, {5, 8, 24}, {1, 3, 4, 7});
+}
+
 TEST_CASE("interleaved matmul, each type: the AVX-512 kernels equal the AVX2 ones bit for bit") {
   if (!tessera::kernels::cpu_has_avx512_vnni()) {
     MESSAGE("CPU lacks AVX512-VNNI (or TESSERA_NO_AVX512 is set): the 256-bit kernels run here");

@@ -1,6 +1,7 @@
-// The kernels of the interleaved layouts (tessera/interleaved.h) for x86, included twice:
-// by interleaved_avx2.cpp (AVX2/FMA/F16C) and by interleaved_avxvnni.cpp (the same plus
-// AVX-VNNI, TESSERA_X8_VNNI defined), whose functions carry the suffix TESSERA_X8_SUFFIX.
+// The kernels of the interleaved layouts (tessera/interleaved.h) for x86, included three
+// times: by interleaved_avx2.cpp (AVX2/FMA/F16C), by interleaved_avxvnni.cpp (the same plus
+// AVX-VNNI, TESSERA_X8_VNNI defined) and by interleaved_vnni256.cpp (the VNNI code with
+// AVX512-VL's encoding of vpdpbusd), whose functions carry the suffix TESSERA_X8_SUFFIX.
 // Q4_1 and Q5_1 against Q8_1 activations, Q4_0, Q5_0 and Q8_0 against Q8_0, Q4_K, Q5_K and
 // Q6_K against Q8_K. Lane j of every vector belongs to weight row j of the group and one
 // activation word is broadcast to all lanes, so each row's block sum builds up vertically and
@@ -31,6 +32,11 @@
 #define TESSERA_X8_CAT2(a, b) a##_##b
 #define TESSERA_X8_CAT(a, b) TESSERA_X8_CAT2(a, b)
 #define TESSERA_X8_FN(name) TESSERA_X8_CAT(name, TESSERA_X8_SUFFIX)
+// vpdpbusd on 256-bit vectors: AVX-VNNI's VEX form unless the including file picks another
+// (interleaved_vnni256.cpp: AVX512-VL's EVEX form, the same operation).
+#ifndef TESSERA_X8_DPBUSD
+#define TESSERA_X8_DPBUSD _mm256_dpbusd_avx_epi32
+#endif
 
 namespace tessera::kernels {
 
@@ -42,6 +48,13 @@ constexpr int kMaxTokens = 4;
 // or L3 (see quant_avx2.cpp). 8 KiB measured 2-4 % faster batch-1 decode than 4 KiB on a
 // 480 MiB-L3 Xeon (docs/cpu-kernels.md); prefetching changes no result.
 constexpr size_t kPrefetchBytes = 8192;
+// Where a block's prefetch lands. Into L1 for the small blocks; into L2 for the K-quants'
+// large ones (Q5_K 1,408 and Q6_K 1,680 bytes per 8 rows: 22-27 lines asked for at once),
+// whose burst of L1 prefetches held the core up: batch-1 Q6_K rows from DRAM ran at 10-15
+// GB/s per core against 20-21 with L2 prefetches, Q5_K 17-18 against 20, while Q8_0, Q4_0,
+// Q4_1 and Q5_0 lost 5-10 % with L2 prefetches (AMD Zen 4, 2026-12-07).
+template <class Block>
+inline constexpr _mm_hint kPrefetchHint = sizeof(Block) > 1280 ? _MM_HINT_T1 : _MM_HINT_T0;
 // Weight bytes per panel: a panel of groups stays in L1 while every chunk of activation rows
 // passes over it, so a matrix streams from memory once per matmul.
 constexpr size_t kPanelBytes = 16 * 1024;
@@ -90,8 +103,8 @@ inline void nibble_sums(const uint8_t* qs, const uint8_t* qh_bytes, const int8_t
     (void)ones;
     (void)h0, (void)h1, (void)h2, (void)h3;
 #define TESSERA_STEP(h, s, q)                                                           \
-    s = _mm256_dpbusd_avx_epi32(s, lo, broadcast_word(q + 4 * k));                      \
-    s = _mm256_dpbusd_avx_epi32(s, hi, broadcast_word(q + 16 + 4 * k));                 \
+    s = TESSERA_X8_DPBUSD(s, lo, broadcast_word(q + 4 * k));                      \
+    s = TESSERA_X8_DPBUSD(s, hi, broadcast_word(q + 16 + 4 * k));                 \
     TESSERA_KEEP(s);
     TESSERA_STEP(h0, s0, q0)
     if constexpr (T > 1) { TESSERA_STEP(h1, s1, q1) }
@@ -165,7 +178,7 @@ struct Q8_0Format {
 #ifdef TESSERA_X8_VNNI
       (void)ones;
 #define TESSERA_STEP(s, q)                                                              \
-      s = _mm256_dpbusd_avx_epi32(s, aw, _mm256_sign_epi8(broadcast_word(q + 4 * k), wq)); \
+      s = TESSERA_X8_DPBUSD(s, aw, _mm256_sign_epi8(broadcast_word(q + 4 * k), wq)); \
       TESSERA_KEEP(s);
 #else
 #define TESSERA_STEP(s, q)                                                              \
@@ -238,8 +251,8 @@ struct Q6_KFormat {
               _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask), top_bits(qh, 2 * (k % 2) + 1));
           const int at = 32 * g + 4 * k;
 #define TESSERA_STEP(l, h, q)                                                       \
-          l = _mm256_dpbusd_avx_epi32(l, lo, broadcast_word(q + at));                \
-          h = _mm256_dpbusd_avx_epi32(h, hi, broadcast_word(q + at + 16));           \
+          l = TESSERA_X8_DPBUSD(l, lo, broadcast_word(q + at));                \
+          h = TESSERA_X8_DPBUSD(h, hi, broadcast_word(q + at + 16));           \
           TESSERA_KEEP(l);                                                           \
           TESSERA_KEEP(h);
           TESSERA_STEP(l0, h0, q0)
@@ -372,7 +385,7 @@ void group_pass(int64_t nb, const typename F::Block* w, const uint8_t* x, size_t
   for (int64_t ib = 0; ib < nb; ++ib) {
     if (prefetch) {
       const char* a = wbytes + ib * sizeof(Block) + kPrefetchBytes;
-      for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(a + off, _MM_HINT_T0);
+      for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(a + off, kPrefetchHint<Block>);
     }
     const Block& b = w[ib];
     __m256i s0, s1, s2, s3, n0, n1, n2, n3;

@@ -237,8 +237,9 @@ bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int6
                        const void* x, size_t x_stride, int64_t x_rows, float* y,
                        int64_t y_stride);
 
-// The interleaved matmuls (interleaved_x86.inl), built twice: *_avx2 (AVX2/FMA/F16C) and
-// *_avxvnni (plus AVX-VNNI), bit-identical. Rows [0, w_rows) of the 8-row groups starting at
+// The interleaved matmuls (interleaved_x86.inl), built three times: *_avx2 (AVX2/FMA/F16C),
+// *_avxvnni (plus AVX-VNNI) and *_vnni256 (the VNNI code with AVX512-VL's vpdpbusd),
+// bit-identical. Rows [0, w_rows) of the 8-row groups starting at
 // w, against x_rows activation rows x_stride bytes apart, in the order of tessera/interleaved.h;
 // nb counts blocks (256-element super-blocks for the K-quants). Q4_1 / Q5_1 take Q8_1
 // activations, Q4_0 / Q5_0 / Q8_0 Q8_0, the K-quants Q8_K.
@@ -261,6 +262,7 @@ bool vec_dot_tile_avx2(int type, int64_t n, const void* w, size_t w_stride, int6
                               size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
 TESSERA_DECLARE_X8(avx2)
 TESSERA_DECLARE_X8(avxvnni)
+TESSERA_DECLARE_X8(vnni256)
 #undef TESSERA_DECLARE_X8
 
 // matmul_interleaved's x86 part with one kernel set, chosen by the caller (tests compare the
@@ -268,6 +270,10 @@ TESSERA_DECLARE_X8(avxvnni)
 void matmul_x8_avx2(int type_id, int64_t nb, const void* packed, int64_t w_rows, const uint8_t* x,
                     size_t x_stride, int64_t x_rows, float* y, int64_t y_stride);
 void matmul_x8_avxvnni(int type_id, int64_t nb, const void* packed, int64_t w_rows,
+                       const uint8_t* x, size_t x_stride, int64_t x_rows, float* y,
+                       int64_t y_stride);
+// Only after cpu_has_avx512_vnni().
+void matmul_x8_vnni256(int type_id, int64_t nb, const void* packed, int64_t w_rows,
                        const uint8_t* x, size_t x_stride, int64_t x_rows, float* y,
                        int64_t y_stride);
 
