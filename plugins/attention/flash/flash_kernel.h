@@ -24,6 +24,9 @@ struct Task {
   // each position's K/V rows of all those heads (contiguous in the pool) are read together.
   int32_t kv_head_end = 0;
   int64_t cost = 0;  // rows x visible K/V positions, to start the longest tasks first
+
+  // A decode task of a large batch: one query position, every KV head of its sequence.
+  bool whole_sequence() const { return kv_head_end > kv_head + 1; }
 };
 
 // K rows of the next tile a decode prefetches while the current tile is computed.

@@ -370,25 +370,37 @@ inline void prefetch_bytes(const void* row, size_t bytes) {
 // with the prefetches, 3.6-4.3 ms with these loads (AVX2 EPYC, 32 MiB L3, 2026-12-07); with
 // the K/V in L3 (batch 16-64) the two are as fast. Pool is FloatPool or Q8Pool: base + slot
 // addresses a position in both.
-template <class Pool>
-inline void stream_tile(const Pool& k_pool, const Pool& v_pool, const int64_t* slots,
-                        int32_t count) {
+template <class Pool, class Fn>
+inline void for_each_run(const Pool& k_pool, const Pool& v_pool, const int64_t* slots,
+                         int32_t count, Fn&& fn) {
+  // fn(k_bytes, v_bytes, bytes) for each run of consecutive slots: where the run's K rows and
+  // its V rows start and how many bytes each spans (whole positions, every KV head).
   constexpr size_t kUnit = sizeof(*k_pool.base);
-  uint32_t sink = 0;
   for (int32_t c0 = 0; c0 < count;) {
     int32_t c1 = c0 + 1;
     while (c1 < count && slots[c1] == slots[c1 - 1] + k_pool.slot_stride) ++c1;
     const size_t bytes =
         static_cast<size_t>(c1 - c0) * static_cast<size_t>(k_pool.slot_stride) * kUnit;
-    for (const auto* pool : {&k_pool, &v_pool}) {
+    if (!fn(reinterpret_cast<const uint8_t*>(k_pool.base + slots[c0]),
+            reinterpret_cast<const uint8_t*>(v_pool.base + slots[c0]), bytes))
+      return;
+    c0 = c1;
+  }
+}
+
+template <class Pool>
+inline void stream_tile(const Pool& k_pool, const Pool& v_pool, const int64_t* slots,
+                        int32_t count) {
+  uint32_t sink = 0;
+  for_each_run(k_pool, v_pool, slots, count, [&](const uint8_t* k, const uint8_t* v, size_t bytes) {
+    for (const uint8_t* run : {k, v}) {
       // One byte per 64 bytes, and the run's last byte: every line the run spans, whatever
       // its alignment, and nothing past its end (a q8_0 run need not end on a line).
-      const auto* run = reinterpret_cast<const uint8_t*>(pool->base + slots[c0]);
       for (size_t o = 0; o < bytes; o += 64) sink |= run[o];
       sink |= run[bytes - 1];
     }
-    c0 = c1;
-  }
+    return true;
+  });
   __asm__ volatile("" : : "r"(sink));  // keeps the loads
 }
 
@@ -419,15 +431,14 @@ struct Q8Pool {
   }
 };
 
-// What a tile step asks for ahead of time, key by key, while it computes: nothing (NoPrefetch),
-// or the next tile's K and V rows of one KV head (PrefetchNextTile). key(c) is called as
-// the scores reach key c of the current tile, value(c) as the first P * V pass reaches it,
-// so the prefetches are spread over the tile's arithmetic instead of issued in one burst
-// (a burst of a whole tile's 768 lines fills the core's miss buffers and stalls as long as
-// the misses it hides; see stream_tile).
+// What a tile step asks for ahead of time while it computes: nothing (NoPrefetch), or the
+// next tile's K and V bytes (PrefetchNextTile). next_lines() is called once per key as the
+// scores reach it and once per key as the first P * V pass does, so the prefetches are
+// spread over the tile's arithmetic instead of issued in one burst (a burst of a whole
+// tile's 768 lines fills the core's miss buffers and stalls as long as the misses it hides;
+// see stream_tile).
 struct NoPrefetch {
-  void key(int32_t) const {}
-  void value(int32_t) const {}
+  void next_lines() const {}
 };
 inline constexpr int32_t kMaxTileRuns = 16;  // runs past this many are read on demand
 template <class Pool>
@@ -447,21 +458,17 @@ struct PrefetchNextTile {
   mutable int32_t segment = 0;
   mutable size_t offset = 0;
 
-  // `calls`: how many key() and value() calls the current tile will make (positions x KV
-  // heads x 2), over which the next tile's lines are spread.
+  // `calls`: how many next_lines() calls the current tile will make (positions x KV heads x
+  // 2), over which the next tile's lines are spread. Calls past the last line do nothing.
   PrefetchNextTile(const Pool& k_pool, const Pool& v_pool, const int64_t* slots, int32_t count,
                    int32_t calls) {
-    constexpr size_t kUnit = sizeof(*k_pool.base);
     size_t lines = 0;
-    for (int32_t c0 = 0; c0 < count && num_segments + 2 <= 2 * kMaxTileRuns;) {
-      int32_t c1 = c0 + 1;
-      while (c1 < count && slots[c1] == slots[c1 - 1] + k_pool.slot_stride) ++c1;
-      const size_t bytes = static_cast<size_t>(c1 - c0) * static_cast<size_t>(k_pool.slot_stride) * kUnit;
-      segments[num_segments++] = {reinterpret_cast<const char*>(k_pool.base + slots[c0]), bytes};
-      segments[num_segments++] = {reinterpret_cast<const char*>(v_pool.base + slots[c0]), bytes};
+    for_each_run(k_pool, v_pool, slots, count, [&](const uint8_t* k, const uint8_t* v, size_t bytes) {
+      segments[num_segments++] = {reinterpret_cast<const char*>(k), bytes};
+      segments[num_segments++] = {reinterpret_cast<const char*>(v), bytes};
       lines += 2 * ((bytes + 63) / 64);
-      c0 = c1;
-    }
+      return num_segments + 2 <= 2 * kMaxTileRuns;
+    });
     if (calls > 0) lines_per_call = static_cast<int32_t>(std::max<size_t>(1, (lines + calls - 1) / calls));
   }
   // lines_per_call lines from the cursor on. A call may reach up to lines_per_call - 1 lines
@@ -479,8 +486,6 @@ struct PrefetchNextTile {
     }
 #endif
   }
-  void key(int32_t) const { next_lines(); }
-  void value(int32_t) const { next_lines(); }
 };
 
 // The softmax half of a tile step for one row of `cols` scores: the running max m grows to
@@ -531,8 +536,8 @@ inline void scores_heads(const float* q, KAt k_at, int32_t cols, int32_t n, floa
     for (; c + 4 <= cols; c += 4) {
       __m128 t[H][4];  // [head][key]: folded partial sums
       for (int32_t pair = 0; pair < 4; pair += 2) {
-        ahead.key(c + pair);
-        ahead.key(c + pair + 1);
+        ahead.next_lines();
+        ahead.next_lines();
         const auto k0 = k_at(c + pair);
         const auto k1 = k_at(c + pair + 1);
         __m256 a0[H], b0[H], a1[H], b1[H];
@@ -578,14 +583,14 @@ inline void scores_heads(const float* q, KAt k_at, int32_t cols, int32_t n, floa
       }
     }
     for (; c < cols; ++c) {
-      ahead.key(c);
+      ahead.next_lines();
       for (int h = 0; h < H; ++h) out[h * cols + c] = dot(q + h * n, k_at(c), n) * scale;
     }
     return;
   }
 #endif
   (void)c;
-  for (int32_t k = 0; k < cols; ++k) ahead.key(k);
+  for (int32_t k = 0; k < cols; ++k) ahead.next_lines();
   for (int h = 0; h < H; ++h) scores(q + h * n, k_at, cols, n, scale, out + h * cols);
 }
 
@@ -608,7 +613,7 @@ inline void rescale_accumulate_heads(float* o, const float* alpha, const float* 
       for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_mul_ps(a, _mm256_loadu_ps(o + h * d + k0 + 8 * j));
     }
     for (int32_t c = 0; c < cols; ++c) {
-      if (k0 == 0) ahead.value(c);
+      if (k0 == 0) ahead.next_lines();
       const auto vc = v_at(c) + k0;
       __m256 pc[H];
 #pragma GCC unroll 4
@@ -627,7 +632,7 @@ inline void rescale_accumulate_heads(float* o, const float* alpha, const float* 
   }
 #endif
   if (k0 == 0)
-    for (int32_t c = 0; c < cols; ++c) ahead.value(c);
+    for (int32_t c = 0; c < cols; ++c) ahead.next_lines();
   for (int h = 0; h < H; ++h)
     rescale_accumulate_tail(o + h * d, alpha[h], p + h * cols, v_at, cols, k0, d);
 }
@@ -649,32 +654,22 @@ inline void softmax_tile_step_heads(const float* q, KAt k_at, VAt v_at, int32_t 
 // 16-register budget above), then a pair, then a single head through softmax_tile_step
 // (whose four-keys-at-a-time scores keep 8 FMA chains busy with one head). How heads are
 // chunked changes no bits: each row's operations are softmax_tile_step's either way.
-// `ahead` (NoPrefetch, PrefetchNextTile) rides along with the first group of heads; a lone
-// head asks for everything before it starts. It never changes a result.
+// `ahead` (NoPrefetch, PrefetchNextTile) goes with every group of heads: the first group's
+// calls use up its lines and later calls do nothing; a lone head asks for its share before it
+// starts. It never changes a result.
 template <class KAt, class VAt, class Ahead = NoPrefetch>
 inline void tile_step_group(const float* q, KAt k_at, VAt v_at, int32_t cols, int32_t d,
                             float scale, float* srow, float* o, float* m, double* l,
                             int32_t count, const Ahead& ahead = {}) {
   int32_t g = 0;
-  for (; g + 3 <= count; g += 3) {
-    if (g == 0)
-      softmax_tile_step_heads<3>(q, k_at, v_at, cols, d, scale, srow, o, m, l, ahead);
-    else
-      softmax_tile_step_heads<3>(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
-                                 o + static_cast<size_t>(g) * d, m + g, l + g);
-  }
+  for (; g + 3 <= count; g += 3)
+    softmax_tile_step_heads<3>(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
+                               o + static_cast<size_t>(g) * d, m + g, l + g, ahead);
   if (count - g == 2) {
-    if (g == 0)
-      softmax_tile_step_heads<2>(q, k_at, v_at, cols, d, scale, srow, o, m, l, ahead);
-    else
-      softmax_tile_step_heads<2>(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
-                                 o + static_cast<size_t>(g) * d, m + g, l + g);
+    softmax_tile_step_heads<2>(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
+                               o + static_cast<size_t>(g) * d, m + g, l + g, ahead);
   } else if (count - g == 1) {
-    if (g == 0)
-      for (int32_t c = 0; c < cols; ++c) {
-        ahead.key(c);
-        ahead.value(c);
-      }
+    for (int32_t c = 0; c < 2 * cols; ++c) ahead.next_lines();
     softmax_tile_step(q + static_cast<size_t>(g) * d, k_at, v_at, cols, d, scale, srow,
                       o + static_cast<size_t>(g) * d, m + g, l + g);
   }
@@ -768,7 +763,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
 #else
   const bool in_place = s.k_dtype == s.v_dtype && s.k_dtype != KvDtype::kQ8_0;
 #endif
-  if (task.kv_head_end > task.kv_head + 1) {
+  if (task.whole_sequence()) {
     const int32_t kv_end = seq.context_len;  // one query position: the whole context
     const int32_t kv_begin = attention_window_begin(s, kv_end - 1);  // or its window
     // A whole decode sequence (one query position, every head of KV heads [kv_head,
@@ -800,7 +795,7 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
         int32_t next_count = n1 - j1;
         if (next_count > 0) {
           tile_slots(s, seq, j1, n1, k_pool.slot_stride, next);
-        } else if (following != nullptr && following->kv_head_end > following->kv_head + 1) {
+        } else if (following != nullptr && following->whole_sequence()) {
           // The last tile: ask for the first tile of this thread's next decode task instead.
           const AttentionSequence& other = batch.sequences[following->seq];
           const int32_t b = attention_window_begin(s, other.context_len - 1);

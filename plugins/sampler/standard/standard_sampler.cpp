@@ -41,13 +41,13 @@ class StandardSampler final : public Sampler {
                 SampledToken* out) override {
     const SamplingParams& p = *input.params;
     const bool penalized = has_penalties(p);
-    fill_logprobs(logits, p.num_logprobs, penalized, out);
+    const TokenId raw_argmax = fill_logprobs(logits, p.num_logprobs, penalized, out);
     apply_penalties(logits, input);
     if (p.is_greedy())
-      out->token = penalized ? argmax(logits) : raw_argmax_;  // unpenalized: the same row
+      out->token = penalized ? argmax(logits) : raw_argmax;  // unpenalized: the same row
     else
       out->token = draw(logits, p, state);
-    out->logprob = logprob_of(out->token, logits);
+    out->logprob = logprob_of(out->token, logits, penalized);
     return Status::ok();
   }
 
@@ -69,11 +69,11 @@ class StandardSampler final : public Sampler {
       SamplingInput step{&p, penalized ? std::span<const TokenId>(history_) : input.history};
       SampledToken token;
       std::span<float> row = logits[i];
-      fill_logprobs(row, p.num_logprobs, penalized, &token);
+      const TokenId raw_argmax = fill_logprobs(row, p.num_logprobs, penalized, &token);
       apply_penalties(row, step);
       if (p.is_greedy()) {
         // The bonus token after every accepted draft (i == k) comes from the last row alike.
-        token.token = penalized ? argmax(row) : raw_argmax_;
+        token.token = penalized ? argmax(row) : raw_argmax;
       } else if (i == k) {
         // Every draft accepted: the bonus token is drawn from the last row.
         token.token = draw(row, p, state);
@@ -91,7 +91,7 @@ class StandardSampler final : public Sampler {
             drafts.q.empty() ? std::span<const float>() : drafts.q.subspan(i * vocab, vocab);
         token.token = accept_or_resample(filtered_probs(row, p), drafts.tokens[i], q, state);
       }
-      token.logprob = logprob_of(token.token, row);
+      token.logprob = logprob_of(token.token, row, penalized);
       out->push_back(token);
       if (i == k || token.token != drafts.tokens[i]) break;
       if (penalized) history_.push_back(token.token);
@@ -132,16 +132,19 @@ class StandardSampler final : public Sampler {
   static TokenId argmax(std::span<const float> logits) {
     return static_cast<TokenId>(argmax_row(logits.data(), static_cast<int64_t>(logits.size())));
   }
+  static float max_logit(std::span<const float> logits) {
+    return logits[static_cast<size_t>(argmax(logits))];
+  }
   static bool has_penalties(const SamplingParams& p) {
     return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
   }
 
   // Log-softmax of the raw logits (before penalties and filters), as OpenAI reports them.
-  // Also leaves the raw row's argmax in raw_argmax_ (the greedy token when nothing penalizes)
-  // and, only when penalties will change the row in place, a copy of it for logprob_of.
-  void fill_logprobs(std::span<const float> logits, int32_t num_top, bool penalized, SampledToken* out) {
-    raw_argmax_ = argmax(logits);
-    const float max = logits[static_cast<size_t>(raw_argmax_)];
+  // Returns the raw row's argmax (the greedy token when nothing penalizes) and, only when
+  // penalties will change the row in place, keeps a copy of it for logprob_of.
+  TokenId fill_logprobs(std::span<const float> logits, int32_t num_top, bool penalized, SampledToken* out) {
+    const TokenId raw_argmax = argmax(logits);
+    const float max = logits[static_cast<size_t>(raw_argmax)];  // max_logit without a second pass
     // Every token pays for this normalizer (over the whole vocabulary), on the engine's
     // thread while the workers wait, so the exponentials are single precision, 8 lanes at a
     // time (ggml's exp, within 1.5 ulp), and only the sum is kept in double: glibc's expf per
@@ -149,19 +152,20 @@ class StandardSampler final : public Sampler {
     const double sum = sum_exp_shifted(logits.data(), static_cast<int64_t>(logits.size()), max);
     log_norm_ = max + static_cast<float>(std::log(sum));
     if (penalized) raw_logits_.assign(logits.begin(), logits.end());
-    raw_logits_saved_ = penalized;
     out->top.clear();
-    if (num_top <= 0) return;
+    if (num_top <= 0) return raw_argmax;
     const size_t k = std::min<size_t>(num_top, logits.size());
     index_.resize(logits.size());
     std::iota(index_.begin(), index_.end(), 0);
     std::partial_sort(index_.begin(), index_.begin() + k, index_.end(),
                       [&](TokenId a, TokenId b) { return logits[a] > logits[b]; });
     for (size_t i = 0; i < k; ++i) out->top.push_back({index_[i], logits[index_[i]] - log_norm_});
+    return raw_argmax;
   }
-  // `logits` is the row fill_logprobs saw, penalized in place or (without penalties) as it was.
-  float logprob_of(TokenId token, std::span<const float> logits) const {
-    return (raw_logits_saved_ ? raw_logits_[token] : logits[static_cast<size_t>(token)]) - log_norm_;
+  // `logits` is the row fill_logprobs saw: penalized in place (its raw copy is then in
+  // raw_logits_) or, without penalties, as it was.
+  float logprob_of(TokenId token, std::span<const float> logits, bool penalized) const {
+    return (penalized ? raw_logits_[token] : logits[static_cast<size_t>(token)]) - log_norm_;
   }
 
   // llama.cpp's penalties over the last penalty_last_n tokens of the history.
@@ -194,7 +198,7 @@ class StandardSampler final : public Sampler {
     const bool cuts = p.top_p < 1.0f || p.min_p > 0.0f;
     if (!top_k && !cuts) {
       // The whole vocabulary is kept: a softmax in token order, nothing to sort.
-      const float max = logits[static_cast<size_t>(argmax(logits))];
+      const float max = max_logit(logits);
       probs_.resize(n);
       const double sum = exp_shifted_row(logits.data(), probs_.data(), static_cast<int64_t>(n),
                                          max, temperature);
@@ -228,7 +232,7 @@ class StandardSampler final : public Sampler {
     } else {
       // No top-k: the cuts' normalizer is the whole vocabulary's; the head they keep is
       // sorted 256 candidates at a time more, times 8, until the cuts end inside it.
-      const float max = logits[static_cast<size_t>(argmax(logits))];
+      const float max = max_logit(logits);
       const double sum = sum_exp_shifted(logits.data(), static_cast<int64_t>(n), max);
       size_t head = std::min<size_t>(n, 256);
       for (;;) {
@@ -307,8 +311,6 @@ class StandardSampler final : public Sampler {
   std::vector<TokenId> index_;
   std::unordered_map<TokenId, int32_t> counts_;
   float log_norm_ = 0.0f;
-  TokenId raw_argmax_ = 0;         // fill_logprobs: the first greatest raw logit
-  bool raw_logits_saved_ = false;  // fill_logprobs copied the row to raw_logits_
 };
 
 }  // namespace
