@@ -356,25 +356,13 @@ inline void prefetch_bytes(const void* row, size_t bytes) {
 #endif
 }
 
-// Reads every cache line of a decode tile's K rows, then its V rows, with plain loads (a
-// byte per line), one run of consecutive slots (a KV block's part of the tile) at a time,
-// before the dots touch them; the values are discarded. Each K/V row is read once per token
-// and has usually left the cache since the last one. Software prefetches of a whole tile (64
-// positions x 3 f16 heads: 768 lines) in one burst stalled as long as the misses they were
-// meant to hide; sequential loads over each contiguous run let the hardware prefetchers
-// stream it. Whole-sequence decode tasks now use this for a task's first tile only and ask
-// for every later tile while computing the one before (PrefetchNextTile: into L2, spread
-// over the dot loops, 35-45 % less time from DRAM); a first tile the previous task already
-// asked for hits the cache here. `bench_attention --plugin flash
-// --decode-only --context 256 --batch 256` (50 MB of f16 K/V, more than the L3): 5.8-6.4 ms
-// with the prefetches, 3.6-4.3 ms with these loads (AVX2 EPYC, 32 MiB L3, 2026-12-07); with
-// the K/V in L3 (batch 16-64) the two are as fast. Pool is FloatPool or Q8Pool: base + slot
-// addresses a position in both.
+// Each run of consecutive slots of a decode tile (a KV block's part of it), in order:
+// fn(k_bytes, v_bytes, bytes) gets where the run's K rows and its V rows start and how many
+// bytes each spans (whole positions, every KV head), and returns false to stop the walk.
+// Pool is FloatPool or Q8Pool: base + slot addresses a position in both.
 template <class Pool, class Fn>
 inline void for_each_run(const Pool& k_pool, const Pool& v_pool, const int64_t* slots,
                          int32_t count, Fn&& fn) {
-  // fn(k_bytes, v_bytes, bytes) for each run of consecutive slots: where the run's K rows and
-  // its V rows start and how many bytes each spans (whole positions, every KV head).
   constexpr size_t kUnit = sizeof(*k_pool.base);
   for (int32_t c0 = 0; c0 < count;) {
     int32_t c1 = c0 + 1;
@@ -388,6 +376,19 @@ inline void for_each_run(const Pool& k_pool, const Pool& v_pool, const int64_t* 
   }
 }
 
+// Reads every cache line of a decode tile's K rows, then its V rows, with plain loads (a
+// byte per line), one run of consecutive slots (a KV block's part of the tile) at a time,
+// before the dots touch them; the values are discarded. Each K/V row is read once per token
+// and has usually left the cache since the last one. Software prefetches of a whole tile (64
+// positions x 3 f16 heads: 768 lines) in one burst stalled as long as the misses they were
+// meant to hide; sequential loads over each contiguous run let the hardware prefetchers
+// stream it. Whole-sequence decode tasks now use this for a task's first tile only and ask
+// for every later tile while computing the one before (PrefetchNextTile: into L2, spread
+// over the dot loops, 35-45 % less time from DRAM); a first tile the previous task already
+// asked for hits the cache here. `bench_attention --plugin flash
+// --decode-only --context 256 --batch 256` (50 MB of f16 K/V, more than the L3): 5.8-6.4 ms
+// with the prefetches, 3.6-4.3 ms with these loads (AVX2 EPYC, 32 MiB L3, 2026-12-07); with
+// the K/V in L3 (batch 16-64) the two are as fast.
 template <class Pool>
 inline void stream_tile(const Pool& k_pool, const Pool& v_pool, const int64_t* slots,
                         int32_t count) {
@@ -458,8 +459,9 @@ struct PrefetchNextTile {
   mutable int32_t segment = 0;
   mutable size_t offset = 0;
 
-  // `calls`: how many next_lines() calls the current tile will make (positions x KV heads x
-  // 2), over which the next tile's lines are spread. Calls past the last line do nothing.
+  // `calls`: how many next_lines() calls the current tile will make (tile_step_group_calls
+  // per KV head), over which the next tile's lines are spread. Calls past the last line do
+  // nothing.
   PrefetchNextTile(const Pool& k_pool, const Pool& v_pool, const int64_t* slots, int32_t count,
                    int32_t calls) {
     size_t lines = 0;
@@ -654,9 +656,13 @@ inline void softmax_tile_step_heads(const float* q, KAt k_at, VAt v_at, int32_t 
 // 16-register budget above), then a pair, then a single head through softmax_tile_step
 // (whose four-keys-at-a-time scores keep 8 FMA chains busy with one head). How heads are
 // chunked changes no bits: each row's operations are softmax_tile_step's either way.
-// `ahead` (NoPrefetch, PrefetchNextTile) goes with every group of heads: the first group's
-// calls use up its lines and later calls do nothing; a lone head asks for its share before it
+// `ahead` (NoPrefetch, PrefetchNextTile) goes with every group of heads, 2 * cols
+// next_lines() calls each (tile_step_group_calls); a lone head asks for its share before it
 // starts. It never changes a result.
+inline int32_t tile_step_group_calls(int32_t cols, int32_t count) {
+  const int32_t groups = count / 3 + (count % 3 != 0 ? 1 : 0);
+  return 2 * cols * groups;
+}
 template <class KAt, class VAt, class Ahead = NoPrefetch>
 inline void tile_step_group(const float* q, KAt k_at, VAt v_at, int32_t cols, int32_t d,
                             float scale, float* srow, float* o, float* m, double* l,
@@ -803,8 +809,9 @@ void run_task_impl(const AttentionShape& s, const AttentionBatch& batch, const T
           tile_slots(s, other, b, e, k_pool.slot_stride, next);
           next_count = e - b;
         }
-        const PrefetchNextTile<Pool> ahead(k_pool, v_pool, next, next_count,
-                                           (task.kv_head_end - task.kv_head) * (j1 - j0) * 2);
+        const PrefetchNextTile<Pool> ahead(
+            k_pool, v_pool, next, next_count,
+            (task.kv_head_end - task.kv_head) * tile_step_group_calls(j1 - j0, group));
         for (int32_t kv = task.kv_head; kv < task.kv_head_end; ++kv) {
           const size_t base = static_cast<size_t>(kv) * group;
           // One tile [j0, j1) of attend_heads for this KV head's query heads: same operations.
