@@ -42,9 +42,13 @@ struct Engine::Sequence {
   int32_t prepared_mask = -1;
   Draft draft;                   // the pending drafts (tokens also at the end of `tokens`)
   AcceptanceEstimate acceptance;  // of this sequence's drafts, for adaptive drafting
-  // A drafter was asked for this sequence's drafts before. Its first call for a sequence can
-  // cost a whole prompt (a draft model feeds it), which says nothing about what a draft costs.
-  bool drafter_has_seen = false;
+  // Tokens of this sequence the drafter has taken in: all committed ones at its last
+  // propose() for the sequence, plus the drafts of that call that were accepted. A drafter
+  // that runs a model catches up on the rest first (a whole prompt the first time, the
+  // output of steps without drafts later), which the control prices (catch_up_pays).
+  int32_t drafter_known_tokens = 0;
+  // Tokens beyond the one new token of a step that follows a verification.
+  int32_t drafter_catch_up_tokens() const { return std::max(0, info.num_tokens() - drafter_known_tokens - 1); }
   int32_t num_draft_tokens_fed = 0;      // for GenerationEvent
   int32_t num_draft_tokens_accepted = 0;
   RequestTimings timings;
@@ -718,6 +722,7 @@ bool Engine::run_phases() {
     const double seconds = now() - t0;
     if (batch_has_drafts_) stats_.verify_seconds += seconds;
     step_times_.record(stats_.last_batch_tokens, seconds);
+    if (!batch_has_drafts_) plain_step_times_.record(stats_.last_batch_tokens, seconds);
   }
   if (components_.drafter && components_.num_draft_tokens > 0) propose_drafts();
   return did_work;
@@ -986,6 +991,7 @@ Status Engine::pick_tokens(Sequence& seq, float* first_row, std::vector<SampledT
   acceptance_.record(num_drafts, accepted);
   seq.num_draft_tokens_fed += num_drafts;
   seq.num_draft_tokens_accepted += accepted;
+  seq.drafter_known_tokens += accepted;
   components_.drafter->on_drafts_settled(seq.info.id, num_drafts, accepted);
   seq.draft.clear();
   return st;
@@ -1053,6 +1059,8 @@ void Engine::propose_drafts() {
   }
   if (components_.adaptive_drafts) adapt_draft_lengths();
   if (draft_requests_.empty()) return;
+  int32_t catch_up_tokens = 0;
+  for (const Sequence* seq : draft_sequences_) catch_up_tokens += seq->drafter_catch_up_tokens();
   const double t0 = now();
   Status st;
   try {
@@ -1063,16 +1071,14 @@ void Engine::propose_drafts() {
   const double draft_seconds = now() - t0;
   stats_.draft_seconds += draft_seconds;
   if (!st.is_ok()) ++stats_.num_drafter_errors;
-  size_t proposed = 0;     // drafts the call produced, whether or not they are kept below
-  bool first_call = false;  // it fed some sequence's prompt too
+  size_t proposed = 0;  // drafts the call produced, whether or not they are kept below
   for (size_t i = 0; i < draft_requests_.size(); ++i) {
     Sequence& seq = *draft_sequences_[i];
     Draft& d = seq.draft;
     if (d.tokens.size() > static_cast<size_t>(draft_requests_[i].max_drafts))
       d.tokens.resize(draft_requests_[i].max_drafts);
     proposed += d.tokens.size();
-    first_call |= !seq.drafter_has_seen;
-    seq.drafter_has_seen = true;
+    seq.drafter_known_tokens = seq.info.num_tokens();
     // A failed call, or q rows that do not match the tokens: no drafts for this sequence.
     const bool bad_q = !d.q.empty() && d.q.size() < d.tokens.size() * static_cast<size_t>(vocab);
     bool bad_token = false;
@@ -1100,8 +1106,7 @@ void Engine::propose_drafts() {
     seq.info.num_draft_tokens = static_cast<int32_t>(d.tokens.size());
     seq.sync_view();
   }
-  // The control's draft cost, from calls that fed no new sequence's prompt.
-  if (!first_call) draft_cost_.record(static_cast<int32_t>(proposed), draft_seconds);
+  draft_cost_.record(static_cast<int32_t>(proposed), draft_seconds, catch_up_tokens);
 }
 
 void Engine::prepare_masks() {
@@ -1192,13 +1197,22 @@ size_t Engine::allowed_draft_prefix(const Sequence& seq, std::span<const TokenId
 }
 
 // Each candidate's max_drafts becomes what pays for it (tessera/speculation_control.h), in a
-// step of as many decode rows as there are candidates; those given none are left out.
+// step of as many decode rows as there are candidates; those given none are left out, and so
+// are those whose drafter would first have to catch up on more than the drafts can save.
 void Engine::adapt_draft_lengths() {
   const size_t num_candidates = draft_requests_.size();
   if (num_candidates == 0 || !step_times_.has_data()) return;
   const auto rows = static_cast<int32_t>(num_candidates);
-  const double step_seconds = step_times_.seconds_for(rows);
+  // A token's worth is what it costs in a step without drafts. While every sequence drafts,
+  // each step feeds 1 + k rows per sequence, and a line through those times puts the plain
+  // step too high (the step time is concave in the rows: 1, 2 and 5 rows of SmolLM2 Q4_1 at
+  // batch 1 took ~3.6, ~5.3 and ~6.4 ms), which kept layer-skip's drafts on when each cost
+  // more than a plain step. So the value comes from steps that had no drafts, where any ran.
+  const StepTimeModel& plain = plain_step_times_.has_data() ? plain_step_times_ : step_times_;
+  const double step_seconds = plain.seconds_for(rows);
   const double row_seconds = step_times_.seconds_per_extra_token();
+  const double draft_token_seconds = draft_cost_.seconds_per_token();
+  const double catch_up_token_seconds = draft_cost_.seconds_per_catch_up_token();
   size_t kept = 0;
   for (size_t i = 0; i < num_candidates; ++i) {
     Sequence* seq = draft_sequences_[i];
@@ -1210,8 +1224,16 @@ void Engine::adapt_draft_lengths() {
       draft_sequences_[kept++] = seq;
       continue;
     }
-    const int32_t k = choose_num_drafts(seq->acceptance.alpha(acceptance_.alpha()), draft_requests_[i].max_drafts,
-                                        rows, step_seconds, row_seconds, draft_cost_.seconds_per_token());
+    const double alpha = seq->acceptance.alpha(acceptance_.alpha());
+    int32_t k = choose_num_drafts(alpha, draft_requests_[i].max_drafts, rows, step_seconds, row_seconds,
+                                  draft_token_seconds);
+    if (const int32_t behind = seq->drafter_catch_up_tokens(); k > 0 && behind > 0) {
+      const int32_t remaining = std::min(seq->info.max_new_tokens - seq->info.num_generated(),
+                                         max_context_ - seq->info.num_tokens());
+      if (!catch_up_pays(alpha, k, remaining, step_seconds / rows, row_seconds, draft_token_seconds,
+                         catch_up_token_seconds * behind))
+        k = 0;
+    }
     if (k == 0) {
       seq->acceptance.age();  // so that it is tried again later
       ++stats_.num_draft_skips;

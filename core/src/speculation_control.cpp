@@ -44,14 +44,25 @@ double StepTimeModel::seconds_for(int32_t num_tokens) const {
   return std::max(mean_t + b * (num_tokens - mean_n), b * num_tokens);
 }
 
-void DraftCostModel::record(int32_t num_tokens, double seconds) {
-  tokens_ = tokens_ * kForget + std::max(0, num_tokens);
-  seconds_ = seconds_ * kForget + std::max(0.0, seconds);
+void DraftCostModel::record(int32_t num_tokens, double seconds, int32_t catch_up_tokens) {
+  seconds = std::max(0.0, seconds);
+  num_tokens = std::max(0, num_tokens);
+  if (catch_up_tokens <= 0) {
+    tokens_ = tokens_ * kForget + num_tokens;
+    seconds_ = seconds_ * kForget + seconds;
+    return;
+  }
+  catch_up_tokens_ = catch_up_tokens_ * kForget + catch_up_tokens;
+  catch_up_seconds_ = catch_up_seconds_ * kForget + std::max(0.0, seconds - seconds_per_token() * num_tokens);
 }
 
 void DraftCostModel::age() { seconds_ *= kAge; }
 
 double DraftCostModel::seconds_per_token() const { return tokens_ > 0 ? seconds_ / tokens_ : 0; }
+
+double DraftCostModel::seconds_per_catch_up_token() const {
+  return catch_up_tokens_ > 0 ? catch_up_seconds_ / catch_up_tokens_ : 0;
+}
 
 int32_t choose_num_drafts(double alpha, int32_t max_drafts, int32_t num_rows, double step_seconds,
                           double row_seconds, double draft_token_seconds) {
@@ -65,6 +76,17 @@ int32_t choose_num_drafts(double alpha, int32_t max_drafts, int32_t num_rows, do
     ++k;
   }
   return k;
+}
+
+bool catch_up_pays(double alpha, int32_t k, int32_t remaining_tokens, double token_seconds, double row_seconds,
+                   double draft_token_seconds, double catch_up_seconds) {
+  if (catch_up_seconds <= 0) return true;
+  if (k <= 0 || remaining_tokens <= 0 || token_seconds <= 0) return false;
+  double expected_tokens = 1, p = 1;  // per step with k drafts
+  for (int32_t j = 0; j < k; ++j) expected_tokens += (p *= alpha);
+  const double step_with_drafts = token_seconds + k * (row_seconds + draft_token_seconds);
+  const double saved_per_token = token_seconds - step_with_drafts / expected_tokens;
+  return saved_per_token * remaining_tokens > catch_up_seconds;
 }
 
 }  // namespace tessera

@@ -80,3 +80,42 @@ TEST_CASE("draft cost model: seconds per proposed token, forgetting; fades slowl
   for (int i = 0; i < 347; ++i) m.age();
   CHECK(m.seconds_per_token() == doctest::Approx(before / 2).epsilon(0.02));
 }
+
+TEST_CASE("draft cost model: calls with catch-up teach the catch-up price, not the draft price") {
+  DraftCostModel m;
+  CHECK(m.seconds_per_catch_up_token() == 0);
+  for (int i = 0; i < 50; ++i) m.record(4, 0.012);  // up to date: 3 ms per draft
+  // A new prompt of 200 tokens, and 4 drafts: 12 ms of drafts plus 100 ms for the prompt.
+  m.record(4, 0.112, 200);
+  CHECK(m.seconds_per_token() == doctest::Approx(0.003).epsilon(0.01));  // unchanged
+  CHECK(m.seconds_per_catch_up_token() == doctest::Approx(0.0005).epsilon(0.01));
+  // The draft price fades while drafts are off; the catch-up price stays, to price retries.
+  for (int i = 0; i < 347; ++i) m.age();
+  CHECK(m.seconds_per_token() == doctest::Approx(0.0015).epsilon(0.02));
+  CHECK(m.seconds_per_catch_up_token() == doctest::Approx(0.0005).epsilon(0.01));
+  // A catch-up call faster than its drafts at price d counts as free, not negative.
+  DraftCostModel fast;
+  for (int i = 0; i < 50; ++i) fast.record(4, 0.012);
+  fast.record(4, 0.010, 10);
+  CHECK(fast.seconds_per_catch_up_token() == 0);
+}
+
+TEST_CASE("catch-up pays only when the drafts' saving over the remaining output exceeds it") {
+  // Nothing to catch up on (or no price measured yet): always.
+  CHECK(catch_up_pays(0.5, 1, 10, 0.004, 0.001, 0.001, 0.0));
+  // A draft model for an F32 target: 15 ms per plain token, 8 drafts at 2.5 ms and 1.5 ms per
+  // row, 90 % accepted: ~6.1 tokens per 47 ms step saves ~7.3 ms a token, ~0.7 s over 95
+  // tokens, far more than 0.5 ms x 60 prompt tokens.
+  CHECK(catch_up_pays(0.9, 8, 95, 0.015, 0.0015, 0.0025, 0.0005 * 60));
+  // Layer-skip on a 3.5 ms step, its draft price faded to 1.2 ms, 0.8 ms a row, 67 %: one draft
+  // per step saves ~0.2 ms a token, ~17 ms over 84 tokens; catching up on 262 tokens at
+  // 0.2 ms costs 52 ms.
+  CHECK_FALSE(catch_up_pays(0.67, 1, 84, 0.0035, 0.0008, 0.0012, 0.0002 * 262));
+  // The same drafts with the same gap near the end of a long output: still no.
+  CHECK_FALSE(catch_up_pays(0.67, 1, 4, 0.0035, 0.0008, 0.0012, 0.0002 * 10));
+  // Drafts that cost more than they save never pay a catch-up, however long the output.
+  CHECK_FALSE(catch_up_pays(0.3, 2, 100000, 0.004, 0.002, 0.003, 0.0001));
+  // No drafts or nothing left to generate: no saving to set against a catch-up.
+  CHECK_FALSE(catch_up_pays(0.9, 0, 100, 0.004, 0.001, 0.001, 0.001));
+  CHECK_FALSE(catch_up_pays(0.9, 4, 0, 0.004, 0.001, 0.001, 0.001));
+}

@@ -329,6 +329,8 @@ class Engine {
   std::map<SeqId, std::shared_ptr<KvExport>> held_exports_;
   size_t kv_token_bytes_k_ = 0, kv_token_bytes_v_ = 0;  // one token's K (V) rows, all KV heads
   StepTimeModel step_times_;  // forward + sampling seconds against tokens fed
+  // The same over steps without drafts only: what a token costs when nothing is drafted.
+  StepTimeModel plain_step_times_;
   DraftCostModel draft_cost_;  // the drafter's propose() seconds per draft token
   AcceptanceEstimate acceptance_;  // of every sequence's drafts: the prior of each sequence's
   EngineStats stats_;
