@@ -1207,9 +1207,10 @@ void Engine::adapt_draft_lengths() {
   // each step feeds 1 + k rows per sequence, and a line through those times puts the plain
   // step too high (the step time is concave in the rows: 1, 2 and 5 rows of SmolLM2 Q4_1 at
   // batch 1 took ~3.6, ~5.3 and ~6.4 ms), which kept layer-skip's drafts on when each cost
-  // more than a plain step. So the value comes from steps that had no drafts, where any ran.
-  const StepTimeModel& plain = plain_step_times_.has_data() ? plain_step_times_ : step_times_;
-  const double step_seconds = plain.seconds_for(rows);
+  // more than a plain step. So the value is also read off steps that had no drafts, and the
+  // lower of the two is taken: drafts must pay by either measure.
+  double step_seconds = step_times_.seconds_for(rows);
+  if (plain_step_times_.has_data()) step_seconds = std::min(step_seconds, plain_step_times_.seconds_for(rows));
   const double row_seconds = step_times_.seconds_per_extra_token();
   const double draft_token_seconds = draft_cost_.seconds_per_token();
   const double catch_up_token_seconds = draft_cost_.seconds_per_catch_up_token();
