@@ -641,8 +641,11 @@ void Engine::append_token(Sequence& seq, const SampledToken& token, std::vector<
   seq.tokens.push_back(token.token);
   seq.sync_view();
   emitted->push_back(token);
-  if (seq.info.num_generated() >= seq.info.max_new_tokens || seq.info.num_tokens() >= max_context_)
-    finish(seq, FinishReason::kLength, {}, /*report_now=*/false);
+  if (tokens_left(seq) <= 0) finish(seq, FinishReason::kLength, {}, /*report_now=*/false);
+}
+
+int32_t Engine::tokens_left(const Sequence& seq) const {
+  return std::min(seq.info.max_new_tokens - seq.info.num_generated(), max_context_ - seq.info.num_tokens());
 }
 
 void Engine::fork_children(Sequence& parent) {
@@ -1049,9 +1052,8 @@ void Engine::propose_drafts() {
   draft_sequences_.clear();
   for (Sequence* seq : batch_sequences_) {
     if (seq->finished || seq->kv_pipelined || seq->info.is_prefill() || seq->info.num_draft_tokens > 0) continue;
-    const int32_t room = std::min(components_.num_draft_tokens,
-                                  std::min(seq->info.max_new_tokens - seq->info.num_generated() - 1,
-                                           max_context_ - seq->info.num_tokens() - 1));
+    // The target's token after the drafts needs room too.
+    const int32_t room = std::min(components_.num_draft_tokens, tokens_left(*seq) - 1);
     if (room <= 0) continue;
     seq->draft.clear();
     draft_requests_.push_back({&seq->info, room, &seq->draft});
@@ -1229,9 +1231,7 @@ void Engine::adapt_draft_lengths() {
     int32_t k = choose_num_drafts(alpha, draft_requests_[i].max_drafts, rows, step_seconds, row_seconds,
                                   draft_token_seconds);
     if (const int32_t behind = seq->drafter_catch_up_tokens(); k > 0 && behind > 0) {
-      const int32_t remaining = std::min(seq->info.max_new_tokens - seq->info.num_generated(),
-                                         max_context_ - seq->info.num_tokens());
-      if (!catch_up_pays(alpha, k, remaining, step_seconds / rows, row_seconds, draft_token_seconds,
+      if (!catch_up_pays(alpha, k, tokens_left(*seq), step_seconds / rows, row_seconds, draft_token_seconds,
                          catch_up_token_seconds * behind))
         k = 0;
     }

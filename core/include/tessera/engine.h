@@ -266,6 +266,8 @@ class Engine {
   Status mask_verify_rows(Sequence& seq);
   // How many of `drafts` the sequence's constraint allows in a row.
   size_t allowed_draft_prefix(const Sequence& seq, std::span<const TokenId> drafts) const;
+  // Tokens the sequence may still generate: its max_tokens and the context both bound it.
+  int32_t tokens_left(const Sequence& seq) const;
   // Advances the computed count, appends `tokens` (stopping where the sequence ends), tells
   // the KV cache and streams the tokens out: the one place a sampled token becomes output.
   void commit(Sequence& seq, int32_t num_newly_computed, const Status& status,
