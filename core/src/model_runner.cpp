@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "tessera/kv_rotation.h"
+
 namespace tessera {
 
 ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quantizer,
@@ -39,6 +41,9 @@ ModelRunner::ModelRunner(const Model& model, Backend& backend, Quantizer& quanti
       throw std::runtime_error(std::string("KV dtype ") + kv_dtype_name(t) +
                                " needs head_dim to be a multiple of 32, the model's is " +
                                std::to_string(hp.head_dim));
+  // A q8_0 pool keeps rows rotated (tessera/kv_rotation.h); f32 and f16 rows are stored as is.
+  if (layout.k_dtype == KvDtype::kQ8_0) k_rotation_ = kv_k_rotation_block(hp.head_dim);
+  if (layout.v_dtype == KvDtype::kQ8_0) v_rotation_ = kv_v_rotation_block(hp.head_dim);
   local_attention_shape_ = attention_shape_;
   local_attention_shape_.sliding_window = hp.sliding_window;
 
@@ -190,6 +195,13 @@ Status ModelRunner::run_forward(std::span<const RunnerSequence> sequences, std::
     const RopeParams& rope = local ? hp.rope_local : hp.rope;
     backend_.rope(q_.data(), positions_.data(), num_rows, hp.num_heads, rope);
     backend_.rope(k_.data(), positions_.data(), num_rows, hp.num_kv_heads, rope);
+    const int64_t q_elems = int64_t{num_rows} * hp.num_heads * hp.head_dim;
+    const int64_t kv_elems = int64_t{num_rows} * kv_dim;
+    if (k_rotation_ > 0) {  // the scores are unchanged: (H q) . (H k) = q . k
+      hadamard_rotate(q_.data(), q_elems / k_rotation_, k_rotation_);
+      hadamard_rotate(k_.data(), kv_elems / k_rotation_, k_rotation_);
+    }
+    if (v_rotation_ > 0) hadamard_rotate(v_.data(), kv_elems / v_rotation_, v_rotation_);
     backend_.store_kv(k_pools_[pool], layout_.k_dtype, k_.data(), slots_.data(), num_rows, kv_dim);
     backend_.store_kv(v_pools_[pool], layout_.v_dtype, v_.data(), slots_.data(), num_rows, kv_dim);
     // Rows of this layer may still be arriving (a pipelined KV import): the pool is read from
@@ -200,6 +212,8 @@ Status ModelRunner::run_forward(std::span<const RunnerSequence> sequences, std::
     Status st = attention_.forward(local ? local_attention_shape_ : attention_shape_, batch,
                                    backend_.executor());
     if (!st.is_ok()) return st;
+    // Weighted sums of rotated V rows: rotate them back (H is its own inverse).
+    if (v_rotation_ > 0) hadamard_rotate(attn_.data(), q_elems / v_rotation_, v_rotation_);
     matmul(*w.wo, attn_.data(), num_rows, h_.data());
     post_norm(w.post_attn_norm, num_rows);
     backend_.add(x_.data(), h_.data(), static_cast<int64_t>(num_rows) * d);

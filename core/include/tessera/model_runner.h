@@ -85,6 +85,10 @@ class ModelRunner final : public ForwardRunner, public LayerGatedForward {
   size_t kv_pool_bytes_ = 0;
   size_t k_block_bytes_ = 0;              // bytes of one block in one layer's K pool
   size_t v_block_bytes_ = 0;              // and in its V pool (K and V dtypes may differ)
+  // Elements per Hadamard rotation of the rows a q8_0 pool stores (tessera/kv_rotation.h);
+  // 0: stored as computed (f32/f16 pools, or a head not a multiple of 64).
+  int32_t k_rotation_ = 0;
+  int32_t v_rotation_ = 0;
 
   // Scratch, grown on demand (never shrunk) so the steady state allocates nothing.
   int32_t capacity_rows_ = 0;

@@ -79,7 +79,10 @@ struct SequenceInfo {
 //  - kQ8_0: ggml's block_q8_0 (KvBlockQ8_0) — each run of 32 consecutive elements of a
 //    head's row is one f16 scale d and 32 int8 values q, element = d * q. A head's row of
 //    head_dim elements is head_dim / 32 blocks (head_dim must be a multiple of 32); a token's
-//    row of all KV heads is those rows back to back, so blocks never straddle heads.
+//    row of all KV heads is those rows back to back, so blocks never straddle heads. The
+//    core's runner stores each head's row Hadamard-rotated where head_dim is a multiple of 64
+//    (Q rotated alike for K, the attention output rotated back for V: core
+//    tessera/kv_rotation.h), which attention kernels need not know about.
 enum class KvDtype { kF32, kF16, kQ8_0 };
 
 inline constexpr int32_t kKvQ8BlockElems = 32;
