@@ -3,14 +3,18 @@
 // SmolLM2-135M-shaped layer (9 query heads, 3 KV heads, head_dim 64, f16 paged cache).
 //
 //   bench_attention [--threads N] [--context N] [--repeat N] [--batch N] [--plugin NAME]
-//                   [--decode-only] [--dtype f16|f32|q8_0] [--plugin-dir DIR]
+//                   [--params YAML] [--decode-only] [--decode-queries N] [--dtype f16|f32|q8_0]
+//                   [--plugin-dir DIR]
 //
 // --dtype stores K and V of the cache in that type (default f16; q8_0: ggml Q8_0 blocks, as
 // kv_cache dtype: q8_0 stores them).
 //
 // --batch N times the decode case as N sequences of `context` tokens each with one query (a
 // serving step of N concurrent clients); the prefill case stays one sequence. --plugin NAME
-// times only that plugin (no naive oracle, so no max |diff|); --decode-only skips prefill.
+// times only that plugin (no naive oracle, so no max |diff|), with --params its parameters
+// (e.g. '{in_place_queries: 1}'); --decode-only skips prefill.
+// --decode-queries N gives each decode sequence N queries, the last N positions of its context
+// (a speculative verification step: the next token and N - 1 drafts).
 //
 // Each row gives the median wall time and the median process CPU time of the calls (on a
 // shared machine other jobs preempt this one: CPU time leaves their turns out).
@@ -50,9 +54,11 @@ struct Options {
   int context = 2048;
   int repeat = 3;
   int batch = 1;
+  int decode_queries = 1;
   bool decode_only = false;
   KvDtype dtype = KvDtype::kF16;
   std::string only;
+  std::string params = "{}";
   std::string plugin_dir;
 };
 
@@ -73,7 +79,9 @@ Options parse_args(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--repeat")) o.repeat = std::atoi(value("--repeat"));
     else if (!std::strcmp(argv[i], "--batch")) o.batch = std::atoi(value("--batch"));
     else if (!std::strcmp(argv[i], "--plugin")) o.only = value("--plugin");
+    else if (!std::strcmp(argv[i], "--params")) o.params = value("--params");
     else if (!std::strcmp(argv[i], "--decode-only")) o.decode_only = true;
+    else if (!std::strcmp(argv[i], "--decode-queries")) o.decode_queries = std::atoi(value("--decode-queries"));
     else if (!std::strcmp(argv[i], "--dtype")) {
       const std::string name = value("--dtype");
       if (!parse_kv_dtype(name, &o.dtype)) {
@@ -85,7 +93,8 @@ Options parse_args(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--context N] [--repeat N] [--batch N] "
-                   "[--plugin NAME] [--decode-only] [--dtype f16|f32|q8_0] [--plugin-dir DIR]\n",
+                   "[--plugin NAME [--params YAML]] [--decode-only] [--decode-queries N] [--dtype f16|f32|q8_0] "
+                   "[--plugin-dir DIR]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -94,6 +103,7 @@ Options parse_args(int argc, char** argv) {
   o.context = std::max(1, o.context);
   o.repeat = std::max(1, o.repeat);
   o.batch = std::max(1, o.batch);
+  o.decode_queries = std::clamp(o.decode_queries, 1, o.context);
   return o;
 }
 
@@ -219,22 +229,24 @@ int main(int argc, char** argv) {
   std::vector<float> reference_prefill, reference_decode;
   for (const PluginInfo* info : ordered) {
     if (!opt.only.empty() && info->name() != opt.only) continue;
-    const PluginConfig config = validate_plugin_params(*info->manifest, "engine.attention", "{}");
+    const PluginConfig config = validate_plugin_params(*info->manifest, "engine.attention",
+                                                       opt.only.empty() ? "{}" : opt.params);
     auto kernel = registry.create<AttentionKernel>(info->name(), config, context);
-    for (int num_queries : {opt.context, 1}) {
-      if (opt.decode_only && num_queries != 1) continue;
-      const int num_seqs = num_queries == 1 ? opt.batch : 1;
+    for (const bool decode : {false, true}) {
+      if (opt.decode_only && !decode) continue;
+      const int num_queries = decode ? opt.decode_queries : opt.context;
+      const int num_seqs = decode ? opt.batch : 1;
       std::vector<float> out;
       double cpu_ms = 0.0;
       const double ms = time_forward(*kernel, pool, num_seqs, num_queries, opt.context, executor,
                                      opt.repeat, &out, &cpu_ms);
-      std::vector<float>& ref = num_queries == 1 ? reference_decode : reference_prefill;
+      std::vector<float>& ref = decode ? reference_decode : reference_prefill;
       double diff = 0.0;
       if (ref.empty()) ref = out;
       else
         for (size_t i = 0; i < out.size(); ++i) diff = std::max(diff, double(std::abs(out[i] - ref[i])));
       std::printf("%-10s %-8s %8d %12.3f %12.3f %16zu %14.2e\n", info->name().c_str(),
-                  num_queries == 1 ? "decode" : "prefill", num_queries * num_seqs, ms, cpu_ms,
+                  decode ? "decode" : "prefill", num_queries * num_seqs, ms, cpu_ms,
                   kernel->scratch_bytes(pool.shape, num_queries, opt.context), diff);
     }
   }
