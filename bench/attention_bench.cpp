@@ -12,7 +12,7 @@
 // --batch N times the decode case as N sequences of `context` tokens each with one query (a
 // serving step of N concurrent clients); the prefill case stays one sequence. --plugin NAME
 // times only that plugin (no naive oracle, so no max |diff|), with --params its parameters
-// (e.g. '{in_place_queries: 1}'); --decode-only skips prefill.
+// (e.g. '{tile_size: 32}'); --decode-only skips prefill.
 // --decode-queries N gives each decode sequence N queries, the last N positions of its context
 // (a speculative verification step: the next token and N - 1 drafts).
 //

@@ -171,6 +171,8 @@ Status ModelRunner::run_forward(std::span<const RunnerSequence> sequences, std::
   }
 
   const int64_t kv_dim = static_cast<int64_t>(hp.num_kv_heads) * hp.head_dim;
+  const int64_t q_elems = int64_t{num_rows} * hp.num_heads * hp.head_dim;
+  const int64_t kv_elems = int64_t{num_rows} * kv_dim;
   AttentionBatch batch;
   batch.sequences = attention_sequences_;
   batch.q = q_.data();
@@ -195,8 +197,6 @@ Status ModelRunner::run_forward(std::span<const RunnerSequence> sequences, std::
     const RopeParams& rope = local ? hp.rope_local : hp.rope;
     backend_.rope(q_.data(), positions_.data(), num_rows, hp.num_heads, rope);
     backend_.rope(k_.data(), positions_.data(), num_rows, hp.num_kv_heads, rope);
-    const int64_t q_elems = int64_t{num_rows} * hp.num_heads * hp.head_dim;
-    const int64_t kv_elems = int64_t{num_rows} * kv_dim;
     if (k_rotation_ > 0) {  // the scores are unchanged: (H q) . (H k) = q . k
       hadamard_rotate(q_.data(), q_elems / k_rotation_, k_rotation_);
       hadamard_rotate(k_.data(), kv_elems / k_rotation_, k_rotation_);
