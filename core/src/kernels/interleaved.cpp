@@ -531,21 +531,35 @@ bool cpu_has_avx_vnni() {
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-namespace kernels {
-
-bool cpu_has_avx512_vnni() {
+bool cpu_has_avx512() {
   static const bool supported = [] {
     if (!cpu_has_avx2() || std::getenv("TESSERA_NO_AVX512") != nullptr) return false;
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
     const bool f = (ebx & (1u << 16)) != 0, bw = (ebx & (1u << 30)) != 0,
-               vl = (ebx & (1u << 31)) != 0, vnni = (ecx & (1u << 11)) != 0;
-    if (!(f && bw && vl && vnni)) return false;
+               vl = (ebx & (1u << 31)) != 0;
+    if (!(f && bw && vl)) return false;
     // The OS must save the opmask and all 512-bit register state (XCR0 bits 5, 6, 7) besides
     // SSE and AVX (bits 1, 2); cpu_has_avx2() has checked that OSXSAVE is set.
     unsigned lo = 0, hi = 0;
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (lo & 0xE6u) == 0xE6u;
+  }();
+  return supported;
+}
+#else
+bool cpu_has_avx512() { return false; }
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+namespace kernels {
+
+bool cpu_has_avx512_vnni() {
+  static const bool supported = [] {
+    if (!cpu_has_avx512()) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    return (ecx & (1u << 11)) != 0;
   }();
   return supported;
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "flash_kernel_impl.h"
@@ -34,14 +35,16 @@ const ParamSpec kParams[] = {
     {"query_tile", ParamType::kInt, "32",
      "query positions per task (each task covers these for all heads of one KV head)", 1, 4096},
     {"simd", ParamType::kEnum, "auto",
-     "auto: the AVX2/FMA/F16C kernel when the CPU has it; off: the portable kernel", -INFINITY,
-     INFINITY, "auto|off"},
+     "auto: the AVX-512 kernel when the CPU has AVX-512 F/BW/VL, else the AVX2/FMA/F16C one when "
+     "it has those (both give the same bits); avx2: the AVX2 one even where AVX-512 exists; off: "
+     "the portable kernel",
+     -INFINITY, INFINITY, "auto|avx2|off"},
 };
 
 class FlashAttention final : public AttentionKernel {
  public:
-  FlashAttention(int32_t kv_tile, int32_t query_tile, bool use_simd)
-      : kv_tile_(kv_tile), query_tile_(query_tile), use_simd_(use_simd && cpu_has_avx2()) {}
+  FlashAttention(int32_t kv_tile, int32_t query_tile, const std::string& simd)
+      : kv_tile_(kv_tile), query_tile_(query_tile), run_task_(pick_build(simd)) {}
 
   size_t scratch_bytes(const AttentionShape& shape, int32_t max_rows,
                        int32_t max_context) const override {
@@ -120,7 +123,7 @@ class FlashAttention final : public AttentionKernel {
     for (auto& s : scratch_)
       if (s.size() < std::max(full_tiles, lay.num_floats)) s.resize(std::max(full_tiles, lay.num_floats));
 
-    const auto run_task = use_simd_ ? &flash::run_task_avx2 : &flash::run_task_generic;
+    const auto run_task = run_task_;
     std::atomic<size_t> next{0};
     const int64_t workers = std::min<int64_t>(num_threads, static_cast<int64_t>(tasks_.size()));
     executor.run(workers, [&](int64_t, int64_t, int thread) {
@@ -142,7 +145,7 @@ class FlashAttention final : public AttentionKernel {
                        std::unique_ptr<AttentionKernel>* out) {
     *out = std::make_unique<FlashAttention>(static_cast<int32_t>(config.get_int("tile_size", 64)),
                                             static_cast<int32_t>(config.get_int("query_tile", 32)),
-                                            config.get_string("simd", "auto") != "off");
+                                            config.get_string("simd", "auto"));
     return Status::ok();
   }
 
@@ -169,9 +172,19 @@ class FlashAttention final : public AttentionKernel {
     return lay;
   }
 
+  using RunTask = void (*)(const AttentionShape&, const AttentionBatch&, const Task&,
+                          const Layout&, float*, const Task*);
+  // The build of the inner kernel for `simd` on this CPU: AVX-512 only for auto, AVX2 for auto
+  // or avx2, else (or for off) the portable one.
+  static RunTask pick_build(const std::string& simd) {
+    if (simd == "auto" && cpu_has_avx512()) return &flash::run_task_avx512;
+    if (simd != "off" && cpu_has_avx2()) return &flash::run_task_avx2;
+    return &flash::run_task_generic;
+  }
+
   int32_t kv_tile_;
   int32_t query_tile_;
-  bool use_simd_;  // the AVX2/FMA/F16C build of the inner kernel (the CPU was checked)
+  RunTask run_task_;  // the build of the inner kernel (the CPU was checked)
   std::vector<Task> tasks_;                  // rebuilt per call, capacity kept
   std::vector<std::vector<float>> scratch_;  // per thread
 };

@@ -1,5 +1,5 @@
-// The inner kernel of attention.flash, shared by the plugin and the two builds of the kernel
-// (portable, and AVX2/FMA/F16C for CPUs that have them).
+// The inner kernel of attention.flash, shared by the plugin and the three builds of the kernel
+// (portable, AVX2/FMA/F16C, and AVX-512 for CPUs that have them).
 #pragma once
 
 #include <cstddef>
@@ -51,5 +51,9 @@ void run_task_generic(const AttentionShape& shape, const AttentionBatch& batch, 
 // The same, compiled for AVX2/FMA/F16C: call only when cpu_has_avx2().
 void run_task_avx2(const AttentionShape& shape, const AttentionBatch& batch, const Task& task,
                    const Layout& layout, float* scratch, const Task* following);
+// The same, compiled for AVX-512 F/BW/VL as well, with the AVX2 build's results: call only when
+// cpu_has_avx512().
+void run_task_avx512(const AttentionShape& shape, const AttentionBatch& batch, const Task& task,
+                     const Layout& layout, float* scratch, const Task* following);
 
 }  // namespace tessera::flash

@@ -1,7 +1,9 @@
 // The body of attention.flash's inner kernel. Included once by flash_attention.cpp (portable
-// build) and once by flash_attention_avx2.cpp (compiled with -mavx2 -mfma -mf16c); everything
-// here has internal linkage so the two builds never mix. The vector helpers use intrinsics
-// when the including file is compiled for AVX2, plain loops otherwise.
+// build), once by flash_attention_avx2.cpp (compiled with -mavx2 -mfma -mf16c) and once by
+// flash_attention_avx512.cpp (the same plus AVX-512 F/BW/VL); everything here has internal
+// linkage so the builds never mix. The vector helpers use intrinsics when the including file
+// is compiled for AVX2, plain loops otherwise. The AVX-512 build runs the AVX2 build's
+// operations, some of them 16 lanes at a time, so the two give the same bits.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +20,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define TESSERA_FLASH_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define TESSERA_FLASH_AVX512 1
+#endif
 #endif
 
 namespace tessera::flash {
@@ -78,6 +83,30 @@ inline __m256 load8(Q8Row r, __m256 d) {
   return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
 }
 inline __m256 load8(Q8Row r) { return load8(r, block_scale(r)); }
+#endif
+
+#if TESSERA_FLASH_AVX512
+// 16 elements at a time: two of the AVX2 build's 8-element loads side by side, lane for lane
+// the same values (a Q8_0 block's scale times its quants, an f16 element widened exactly).
+// `p` must not straddle a 32-element Q8_0 block: the loops load at multiples of 16.
+inline NoScale wide_scale(NoScale s) { return s; }
+inline __m512 wide_scale(__m256 d) { return _mm512_broadcastss_ps(_mm256_castps256_ps128(d)); }
+inline __m512 load16(const float* p, NoScale) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p, NoScale) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(Q8Row r, __m512 d) {
+  const int8_t* q = r.blocks[r.offset / kKvQ8BlockElems].qs + r.offset % kKvQ8BlockElems;
+  const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)));
+}
+// lo128 + hi128 of (lo256 + hi256): an AVX2 accumulator pair's fold (a + b, then its halves),
+// with a in lanes 0-7 and b in lanes 8-15.
+inline __m128 fold16(__m512 acc) {
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+  const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(acc), hi);
+  return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+}
 #endif
 
 // dot(a, b) over n elements. The portable loop keeps eight independent partial sums so the
@@ -525,10 +554,64 @@ inline void softmax_tile_step(const float* q, KAt k_at, VAt v_at, int32_t cols, 
 // hi of (a + b), a 4x4 transpose of four keys' partial sums and (t0 + t2) + (t1 + t3), times
 // scale. Two keys x H heads x (a, b) is 12 accumulators for H = 3, plus one widened K vector:
 // 13 of the 16 ymm registers; q comes from L1 as the FMAs' memory operand.
+#if TESSERA_FLASH_AVX512
+// scores_heads() for n = 16 * NQ with AVX-512: the H query rows stay in registers (H * NQ
+// zmm) for the whole tile instead of being read from L1 by every FMA, one zmm accumulator per
+// head and key holds what the AVX2 loop keeps in its pair a (lanes 0-7) and b (lanes 8-15),
+// so every score is the AVX2 build's (fold16, then the same transpose and sums). On the
+// 16-sequence decode shape (head_dim 64, 3 heads per KV head) the AVX2 loop spent half its
+// time on these reloads and the per-pair setup around its 4-iteration inner loop.
+template <int H, int NQ, class KAt, class Ahead>
+inline void scores_heads_avx512(const float* q, KAt k_at, int32_t cols, float scale, float* out,
+                                const Ahead& ahead) {
+  constexpr int32_t n = 16 * NQ;
+  __m512 qv[H][NQ];
+#pragma GCC unroll 4
+  for (int h = 0; h < H; ++h)
+#pragma GCC unroll 8
+    for (int s = 0; s < NQ; ++s) qv[h][s] = _mm512_loadu_ps(q + h * n + 16 * s);
+  int32_t c = 0;
+  for (; c + 4 <= cols; c += 4) {
+    __m128 t[H][4];  // [head][key]: folded partial sums
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      ahead.next_lines();
+      const auto kr = k_at(c + j);
+      __m512 acc[H];
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) acc[h] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int s = 0; s < NQ; ++s) {
+        const __m512 kv = load16(kr + 16 * s, wide_scale(block_scale(kr + 16 * s)));
+#pragma GCC unroll 4
+        for (int h = 0; h < H; ++h) acc[h] = _mm512_fmadd_ps(qv[h][s], kv, acc[h]);
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) t[h][j] = fold16(acc[h]);
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) {
+      __m128 t0 = t[h][0], t1 = t[h][1], t2 = t[h][2], t3 = t[h][3];
+      _MM_TRANSPOSE4_PS(t0, t1, t2, t3);  // t_j now holds lane j of the four keys
+      const __m128 sum = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
+      _mm_storeu_ps(out + h * cols + c, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+    }
+  }
+  for (; c < cols; ++c) {
+    ahead.next_lines();
+    for (int h = 0; h < H; ++h) out[h * cols + c] = dot(q + h * n, k_at(c), n) * scale;
+  }
+}
+#endif
+
 template <int H, class KAt, class Ahead = NoPrefetch>
 inline void scores_heads(const float* q, KAt k_at, int32_t cols, int32_t n, float scale,
                          float* out, const Ahead& ahead = {}) {
   int32_t c = 0;
+#if TESSERA_FLASH_AVX512
+  if (n == 64) return scores_heads_avx512<H, 4>(q, k_at, cols, scale, out, ahead);
+  if (n == 128) return scores_heads_avx512<H, 8>(q, k_at, cols, scale, out, ahead);
+#endif
 #if TESSERA_FLASH_AVX2
   if (n % 8 == 0) {
     const auto fold = [](__m256 x, __m256 y) {  // hsum's first step: lo + hi of (x + y)
@@ -596,42 +679,89 @@ inline void scores_heads(const float* q, KAt k_at, int32_t cols, int32_t n, floa
   for (int h = 0; h < H; ++h) scores(q + h * n, k_at, cols, n, scale, out + h * cols);
 }
 
+#if TESSERA_FLASH_AVX2
+// The vector width of a P * V pass: 8 floats (AVX2) or 16 (AVX-512), with the loads that widen
+// a K/V row's elements at that width (load8, load16) and their block scales.
+struct Lanes8 {
+  using V = __m256;
+  static constexpr int32_t kLanes = 8;
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+  template <class Row>
+  static auto scale(Row r) { return block_scale(r); }
+  template <class Row, class S>
+  static V load(Row r, S d) { return load8(r, d); }
+};
+#if TESSERA_FLASH_AVX512
+struct Lanes16 {
+  using V = __m512;
+  static constexpr int32_t kLanes = 16;
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
+  template <class Row>
+  static auto scale(Row r) { return wide_scale(block_scale(r)); }
+  template <class Row, class S>
+  static V load(Row r, S d) { return load16(r, d); }
+};
+#endif
+
+// One pass of rescale_accumulate_heads over elements [k0, k0 + 4 * L::kLanes) (32 or 64, one
+// or two Q8_0 blocks) of H heads: 4 accumulators per head stay in registers across all
+// columns; each V vector is loaded (and widened) once for all heads, each probability
+// broadcast once per pass. Per element: alpha * o, then one FMA per column in column order,
+// whatever the width.
+template <class L, int H, class VAt, class Ahead>
+inline void rescale_accumulate_pass(float* o, const float* alpha, const float* p, VAt v_at,
+                                    int32_t cols, int32_t d, int32_t k0, const Ahead& ahead) {
+  typename L::V acc[H][4];
+#pragma GCC unroll 4
+  for (int h = 0; h < H; ++h) {
+    const typename L::V a = L::set1(alpha[h]);
+    for (int j = 0; j < 4; ++j) acc[h][j] = L::mul(a, L::loadu(o + h * d + k0 + L::kLanes * j));
+  }
+  for (int32_t c = 0; c < cols; ++c) {
+    if (k0 == 0) ahead.next_lines();
+    const auto vc = v_at(c) + k0;  // k0 is a multiple of 32: the pass starts a block
+    typename L::V pc[H];
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) pc[h] = L::set1(p[h * cols + c]);
+    const auto d0 = L::scale(vc);
+    const auto d1 = L::kLanes > 8 ? L::scale(vc + 32) : d0;  // a 64-element pass's second block
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const typename L::V v = L::load(vc + L::kLanes * j, L::kLanes * j < 32 ? d0 : d1);
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) acc[h][j] = L::fmadd(pc[h], v, acc[h][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int h = 0; h < H; ++h)
+    for (int j = 0; j < 4; ++j) L::storeu(o + h * d + k0 + L::kLanes * j, acc[h][j]);
+}
+#endif
+
 // rescale_accumulate() for H heads sharing V: o + h * d = alpha[h] * o + sum over c of
 // p[h * cols + c] * v_at(c), each V vector loaded (and widened) once for all H heads. Per
 // output element the operations are rescale_accumulate()'s: alpha * o, then one FMA per
 // column in column order (its 64-wide and 32-wide loops differ only in how many elements
 // they keep in flight), and the same element-wise tail. A 32-float slice of H = 3 heads is
-// 12 accumulators, plus 3 broadcast probabilities and one V vector: 16 ymm registers.
+// 12 accumulators, plus 3 broadcast probabilities and one V vector: 16 ymm registers; the
+// AVX-512 build takes 64-float slices in as many zmm registers.
 template <int H, class VAt, class Ahead = NoPrefetch>
 inline void rescale_accumulate_heads(float* o, const float* alpha, const float* p, VAt v_at,
                                      int32_t cols, int32_t d, const Ahead& ahead = {}) {
   int32_t k0 = 0;
+#if TESSERA_FLASH_AVX512
+  for (; k0 + 64 <= d; k0 += 64) rescale_accumulate_pass<Lanes16, H>(o, alpha, p, v_at, cols, d, k0, ahead);
+#endif
 #if TESSERA_FLASH_AVX2
-  for (; k0 + 32 <= d; k0 += 32) {
-    __m256 acc[H][4];
-#pragma GCC unroll 4
-    for (int h = 0; h < H; ++h) {
-      const __m256 a = _mm256_set1_ps(alpha[h]);
-      for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_mul_ps(a, _mm256_loadu_ps(o + h * d + k0 + 8 * j));
-    }
-    for (int32_t c = 0; c < cols; ++c) {
-      if (k0 == 0) ahead.next_lines();
-      const auto vc = v_at(c) + k0;
-      __m256 pc[H];
-#pragma GCC unroll 4
-      for (int h = 0; h < H; ++h) pc[h] = _mm256_set1_ps(p[h * cols + c]);
-      const auto dv = block_scale(vc);  // k0 is a multiple of 32: one block
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        const __m256 v = load8(vc + 8 * j, dv);
-#pragma GCC unroll 4
-        for (int h = 0; h < H; ++h) acc[h][j] = _mm256_fmadd_ps(pc[h], v, acc[h][j]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int h = 0; h < H; ++h)
-      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + h * d + k0 + 8 * j, acc[h][j]);
-  }
+  for (; k0 + 32 <= d; k0 += 32) rescale_accumulate_pass<Lanes8, H>(o, alpha, p, v_at, cols, d, k0, ahead);
 #endif
   if (k0 == 0)
     for (int32_t c = 0; c < cols; ++c) ahead.next_lines();

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/plugins.h"
@@ -481,6 +482,52 @@ TEST_CASE("attention.naive: the AVX2 build gives the portable build's bits") {
   }
 }
 
+TEST_CASE("attention.flash: the AVX-512 build gives the AVX2 build's bits") {
+  // The AVX-512 build keeps a score loop's query rows in zmm registers and runs P * V 16 lanes
+  // at a time, but each lane performs the AVX2 build's operations in its order, so the outputs
+  // must agree exactly. head_dim 64 and 128 take the zmm score loop, 96 the AVX2 one inside the
+  // AVX-512 build; 9/3 heads put three query heads on a KV head, 8/4 two, 4/4 one (whose scores
+  // are never the zmm loop's). Prompts, a few decodes, and enough decodes for whole-sequence
+  // tasks, with and without a sliding window.
+  if (!cpu_has_avx512()) {
+    MESSAGE("CPU lacks AVX-512 F/BW/VL: only the AVX2 and portable builds run here");
+    return;
+  }
+  ThreadPool pool(2);
+  std::mt19937 rng(5150);
+  auto wide = make_kernel("flash", "{simd: auto, tile_size: 16}");
+  auto avx2 = make_kernel("flash", "{simd: avx2, tile_size: 16}");
+  const std::vector<SeqSpec> many_decodes = {{70, 1}, {83, 1}, {5, 1}, {129, 1}, {64, 1},
+                                             {65, 1}, {1, 1}, {200, 1}, {17, 1}, {128, 1}};
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
+    for (int32_t head_dim : {64, 96, 128}) {
+      for (const auto [heads, kv_heads] : {std::pair{9, 3}, std::pair{8, 4}, std::pair{4, 4}}) {
+        for (int32_t window : {0, 37}) {
+          for (int batch = 0; batch < 2; ++batch) {
+            Problem p = make_problem(rng, heads, kv_heads, head_dim, 16, dtype,
+                                     batch == 0 ? random_batch(rng) : many_decodes);
+            p.shape.sliding_window = window;
+            const std::vector<float> a = run_kernel(*wide, p, pool);
+            const std::vector<float> b = run_kernel(*avx2, p, pool);
+            CAPTURE(kv_dtype_name(dtype));
+            CAPTURE(head_dim);
+            CAPTURE(heads);
+            CAPTURE(window);
+            CAPTURE(batch);
+            CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+            CHECK(max_abs_diff(a, reference(p)) <= tolerance(p.shape));
+          }
+        }
+      }
+    }
+  }
+  // Mixed pools (K q8_0, V f16) go through widened tiles on every path.
+  Problem mixed = make_problem(rng, 9, 3, 64, 16, KvDtype::kQ8_0, KvDtype::kF16, random_batch(rng));
+  const std::vector<float> a = run_kernel(*wide, mixed, pool);
+  const std::vector<float> b = run_kernel(*avx2, mixed, pool);
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 TEST_CASE("attention.flash: one-query tasks (K/V read in place, heads split) give the tiled path's bits") {
   // Decode rows skip the widened K/V tile and, in small batches, run one task per query head;
   // both only reorganize work, so each output row must be bit-identical to the tiled loop's.
@@ -490,7 +537,7 @@ TEST_CASE("attention.flash: one-query tasks (K/V read in place, heads split) giv
   ThreadPool pool(2);
   std::mt19937 rng(777);
   for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
-    for (const std::string simd : {"auto", "off"}) {
+    for (const std::string simd : {"auto", "avx2", "off"}) {
       auto one_query = make_kernel("flash", "{query_tile: 1, tile_size: 16, simd: " + simd + "}");
       auto tiled = make_kernel("flash", "{query_tile: 64, tile_size: 16, simd: " + simd + "}");
       CAPTURE(kv_dtype_name(dtype));

@@ -85,5 +85,9 @@ bool cpu_has_avx2();
 // True when cpu_has_avx2() and the CPU also has AVX-VNNI (vpdpbusd on 256-bit vectors), unless
 // the environment sets TESSERA_NO_AVX_VNNI (kernels 1.3).
 bool cpu_has_avx_vnni();
+// True when cpu_has_avx2() and the CPU has AVX-512 F, BW and VL with the OS saving the 512-bit
+// and opmask registers, unless the environment sets TESSERA_NO_AVX512 (kernels 1.7; the
+// attention.flash plugin picks its AVX-512 build with it).
+bool cpu_has_avx512();
 
 }  // namespace tessera

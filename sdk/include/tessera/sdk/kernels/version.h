@@ -28,10 +28,11 @@
 // sampling over a whole vocabulary without sorting it); every existing result unchanged.
 // 1.6 argmax_row in cpu_kernels.h (std::max_element's index over a row, vectorized: greedy
 // sampling and the logprob normalizer's maximum); every existing result unchanged.
+// 1.7 cpu_has_avx512 in ggml_types.h (AVX-512 F/BW/VL usable); every existing result unchanged.
 #pragma once
 
 #define TESSERA_SDK_KERNELS_VERSION_MAJOR 1
-#define TESSERA_SDK_KERNELS_VERSION_MINOR 6
+#define TESSERA_SDK_KERNELS_VERSION_MINOR 7
 
 namespace tessera {
 inline constexpr int kSdkKernelsVersionMajor = TESSERA_SDK_KERNELS_VERSION_MAJOR;
