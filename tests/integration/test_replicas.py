@@ -202,11 +202,15 @@ def main():
         check(delta == [0, 6], f"6 requests sharing a {usage[0].prompt_tokens - 10}-token prefix: all to one replica "
                                f"(per replica {delta})")
         check(all(c > 0 for c in cached[1:]), f"... and they hit its prefix cache (cached tokens {cached})")
+        # Each prompt's replica is a rendezvous hash of its tokens and the replicas' addresses,
+        # whose ports change from run to run: so per run the split is a fair coin per prompt.
+        # 16 prompts with "at least 3 each" failed 0.4 % of runs (once in CI: [2, 14]); 32 with
+        # "at least 4 each" fails about 3 runs in a million.
         before = {r.address: routed(gw, r.address) for r in (a, b)}
-        for i in range(16):
+        for i in range(32):
             complete(gw, f"Question {i * 7919}: name an animal.", max_tokens=1, temperature=0)
         spread = [routed(gw, r.address) - before[r.address] for r in (a, b)]
-        check(min(spread) >= 3, f"16 distinct short prompts: spread over both replicas ({spread})")
+        check(min(spread) >= 4, f"32 distinct short prompts: spread over both replicas ({spread})")
 
         # A gateway whose engine has another KV layout is refused at startup.
         mismatch = h.Gateway(gateway_yaml(ports, "engine:\n  kv_cache: {plugin: paged, dtype: f32}\n"), "gw-f32")
