@@ -123,17 +123,16 @@ class FlashAttention final : public AttentionKernel {
     for (auto& s : scratch_)
       if (s.size() < std::max(full_tiles, lay.num_floats)) s.resize(std::max(full_tiles, lay.num_floats));
 
-    const auto run_task = run_task_;
     std::atomic<size_t> next{0};
     const int64_t workers = std::min<int64_t>(num_threads, static_cast<int64_t>(tasks_.size()));
     executor.run(workers, [&](int64_t, int64_t, int thread) {
       float* scratch = scratch_[thread].data();
       // Each thread claims its next task before running the current one, so a decode task
-      // can ask for the next one's first K/V tile while it computes its last (run_task).
+      // can ask for the next one's first K/V tile while it computes its last (run_task_impl).
       size_t t = next.fetch_add(1, std::memory_order_relaxed);
       while (t < tasks_.size()) {
         const size_t following = next.fetch_add(1, std::memory_order_relaxed);
-        run_task(shape, batch, tasks_[t], lay, scratch,
+        run_task_(shape, batch, tasks_[t], lay, scratch,
                  following < tasks_.size() ? &tasks_[following] : nullptr);
         t = following;
       }

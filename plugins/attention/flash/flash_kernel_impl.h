@@ -35,6 +35,22 @@ inline float hsum(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+
+// A key's dot product from its two 8-lane partial sums (elements k..k+7 and k+8..k+15 of every
+// 16): hsum's first step, lo + hi of (x + y). four_key_scores then finishes four keys at once.
+inline __m128 fold(__m256 x, __m256 y) {
+  const __m256 v = _mm256_add_ps(x, y);
+  return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+}
+
+// out[0..4) = scale * the dot products of four keys from their folded partial sums t0..t3: a
+// 4x4 transpose and (t0 + t2) + (t1 + t3), hsum's remaining steps in its order, so each score
+// has the bits dot() gives it.
+inline void four_key_scores(__m128 t0, __m128 t1, __m128 t2, __m128 t3, float scale, float* out) {
+  _MM_TRANSPOSE4_PS(t0, t1, t2, t3);  // t_j now holds lane j of the four keys
+  const __m128 sum = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
+  _mm_storeu_ps(out, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+}
 #endif
 
 // K/V elements as floats: a float row as is, an f16 row widened (exactly) on the fly.
@@ -100,12 +116,10 @@ inline __m512 load16(Q8Row r, __m512 d) {
   const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
   return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)));
 }
-// lo128 + hi128 of (lo256 + hi256): an AVX2 accumulator pair's fold (a + b, then its halves),
-// with a in lanes 0-7 and b in lanes 8-15.
+// fold() of an AVX2 accumulator pair held in one zmm register, a in lanes 0-7 and b in 8-15.
 inline __m128 fold16(__m512 acc) {
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-  const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(acc), hi);
-  return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  return fold(_mm512_castps512_ps256(acc),
+              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
 }
 #endif
 
@@ -240,14 +254,7 @@ inline void scores(const float* q, KRow k_row, int32_t cols, int32_t n, float sc
         a2 = _mm256_fmadd_ps(qa, load8(k2 + k), a2);
         a3 = _mm256_fmadd_ps(qa, load8(k3 + k), a3);
       }
-      const auto fold = [](__m256 x, __m256 y) {  // hsum's first step: lo + hi of (x + y)
-        const __m256 v = _mm256_add_ps(x, y);
-        return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-      };
-      __m128 t0 = fold(a0, b0), t1 = fold(a1, b1), t2 = fold(a2, b2), t3 = fold(a3, b3);
-      _MM_TRANSPOSE4_PS(t0, t1, t2, t3);  // t_j now holds lane j of the four keys
-      const __m128 sum = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
-      _mm_storeu_ps(out + c, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+      four_key_scores(fold(a0, b0), fold(a1, b1), fold(a2, b2), fold(a3, b3), scale, out + c);
     }
   }
 #endif
@@ -584,12 +591,7 @@ inline void scores_heads_avx512(const float* q, KAt k_at, int32_t cols, float sc
       for (int h = 0; h < H; ++h) t[h][j] = fold16(acc[h]);
     }
 #pragma GCC unroll 4
-    for (int h = 0; h < H; ++h) {
-      __m128 t0 = t[h][0], t1 = t[h][1], t2 = t[h][2], t3 = t[h][3];
-      _MM_TRANSPOSE4_PS(t0, t1, t2, t3);  // t_j now holds lane j of the four keys
-      const __m128 sum = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
-      _mm_storeu_ps(out + h * cols + c, _mm_mul_ps(sum, _mm_set1_ps(scale)));
-    }
+    for (int h = 0; h < H; ++h) four_key_scores(t[h][0], t[h][1], t[h][2], t[h][3], scale, out + h * cols + c);
   }
   for (; c < cols; ++c) {
     ahead.next_lines();
@@ -616,10 +618,6 @@ inline void scores_heads(const float* q, KAt k_at, int32_t cols, int32_t n, floa
 #endif
 #if TESSERA_FLASH_AVX2
   if (n % 8 == 0) {
-    const auto fold = [](__m256 x, __m256 y) {  // hsum's first step: lo + hi of (x + y)
-      const __m256 v = _mm256_add_ps(x, y);
-      return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    };
     for (; c + 4 <= cols; c += 4) {
       __m128 t[H][4];  // [head][key]: folded partial sums
       for (int32_t pair = 0; pair < 4; pair += 2) {
@@ -662,12 +660,7 @@ inline void scores_heads(const float* q, KAt k_at, int32_t cols, int32_t n, floa
         }
       }
 #pragma GCC unroll 4
-      for (int h = 0; h < H; ++h) {
-        __m128 t0 = t[h][0], t1 = t[h][1], t2 = t[h][2], t3 = t[h][3];
-        _MM_TRANSPOSE4_PS(t0, t1, t2, t3);  // t_j now holds lane j of the four keys
-        const __m128 sum = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
-        _mm_storeu_ps(out + h * cols + c, _mm_mul_ps(sum, _mm_set1_ps(scale)));
-      }
+      for (int h = 0; h < H; ++h) four_key_scores(t[h][0], t[h][1], t[h][2], t[h][3], scale, out + h * cols + c);
     }
     for (; c < cols; ++c) {
       ahead.next_lines();
